@@ -1,0 +1,76 @@
+"""The hybrid topology: a ``(dp_replicate, dp_shard)`` device mesh and FSDP2 on its shard dimension.
+
+Ranks are laid out node-major (as ``torchrun``/``accelerate launch`` number them), so each row of
+the mesh is one node: FSDP2 shards inside the row, and the columns are the replicate groups
+FlexDeMo exchanges over. FSDP never communicates across nodes.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+MESH_DIMS = ("dp_replicate", "dp_shard")
+
+
+def default_device_type() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def init_process_group(device_type: str, timeout: datetime.timedelta | None = None) -> None:
+    """Initialise the default process group (gloo on CPU, NCCL on CUDA) if nobody did yet."""
+    if dist.is_initialized():
+        return
+    if device_type == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group("nccl" if device_type == "cuda" else "gloo", timeout=timeout)
+
+
+def validate_shard_size(shard_size: int, world_size: int) -> None:
+    """Raise unless ``shard_size`` divides ``world_size``."""
+    if not isinstance(shard_size, int) or shard_size < 1 or world_size % shard_size:
+        divisors = [d for d in range(1, world_size + 1) if world_size % d == 0]
+        raise ValueError(
+            f"shard_size={shard_size!r} must divide the world size {world_size}; accepted: {divisors}."
+        )
+
+
+def build_hybrid_mesh(
+    shard_size: int | None = None,
+    device_type: str | None = None,
+    timeout: datetime.timedelta | None = None,
+) -> DeviceMesh:
+    """A 2-D mesh ``("dp_replicate", "dp_shard")`` of ``world / shard_size`` nodes x ``shard_size`` ranks.
+
+    ``shard_size`` defaults to ``LOCAL_WORLD_SIZE`` (the processes per node the launcher started).
+    """
+    device_type = device_type or default_device_type()
+    init_process_group(device_type, timeout)
+    world_size = dist.get_world_size()
+    if shard_size is None:
+        shard_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    validate_shard_size(shard_size, world_size)
+    return init_device_mesh(device_type, (world_size // shard_size, shard_size), mesh_dim_names=MESH_DIMS)
+
+
+def block_classes(model: nn.Module) -> tuple[type[nn.Module], ...]:
+    """The transformer block classes of a Transformers model (its ``_no_split_modules``)."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    return tuple({type(m) for m in model.modules() if type(m).__name__ in names})
+
+
+def shard_model(model: nn.Module, mesh: DeviceMesh, **fully_shard_kwargs) -> nn.Module:
+    """FSDP2-shard each transformer block, then the root, over ``mesh["dp_shard"]`` only."""
+    shard_mesh = mesh["dp_shard"]
+    classes = block_classes(model)
+    for module in list(model.modules()):
+        if classes and isinstance(module, classes):
+            fully_shard(module, mesh=shard_mesh, **fully_shard_kwargs)
+    fully_shard(model, mesh=shard_mesh, **fully_shard_kwargs)
+    return model

@@ -1,0 +1,82 @@
+"""Single-process FlexDeMo behaviour: argument validation, lazy state, state_dict contents."""
+
+import re
+
+import pytest
+import torch
+from torch import nn
+
+from hf_flexdemo import FlexDeMo
+from hf_flexdemo.mesh import validate_shard_size
+
+
+def _params(dtype=torch.float32):
+    return nn.Linear(8, 4).to(dtype).parameters()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field", "accepted"),
+    [
+        ({"compression_topk": 0}, "compression_topk", "integer >= 1"),
+        ({"compression_topk": 2.5}, "compression_topk", "integer >= 1"),
+        ({"compression_chunk": 0}, "compression_chunk", "integer >= 1"),
+        ({"compression_decay": 1.0}, "compression_decay", "[0, 1)"),
+        ({"compression_decay": -0.1}, "compression_decay", "[0, 1)"),
+        ({"lr": -1.0}, "lr", ">= 0"),
+        ({"update": "lion"}, "update", "sign | sgd | adamw"),
+        ({"replicator": "powersgd"}, "replicator", "demo | full | none"),
+        ({"weight_decay": -0.1}, "weight_decay", ">= 0"),
+        ({"value_dtype": "float16"}, "value_dtype", "bfloat16 | float32"),
+        ({"betas": (0.9, 1.0)}, "betas", "[0, 1)"),
+        ({"eps": 0.0}, "eps", "> 0"),
+    ],
+)
+def test_invalid_arguments_name_field_and_accepted_values(kwargs, field, accepted):
+    with pytest.raises(ValueError, match=rf"{field}=.*accepted:.*{re.escape(accepted)}"):
+        FlexDeMo(_params(), **kwargs)
+
+
+def test_fp16_parameters_are_refused():
+    with pytest.raises(ValueError, match=r"parameter dtype.*float16.*accepted: torch.float32 \| torch.bfloat16"):
+        FlexDeMo(_params(torch.float16))
+
+
+@pytest.mark.parametrize(("shard_size", "world"), [(3, 4), (0, 4), (8, 4)])
+def test_shard_size_must_divide_world(shard_size, world):
+    with pytest.raises(ValueError, match=r"shard_size=.*accepted: \[1, 2, 4\]"):
+        validate_shard_size(shard_size, world)
+
+
+def test_state_is_lazy_and_per_parameter():
+    model = nn.Linear(8, 4)
+    opt = FlexDeMo(model.parameters(), lr=0.1, update="adamw")
+    assert not opt.state
+    model(torch.randn(3, 8)).sum().backward()
+    opt.step()
+    state = opt.state_dict()["state"]
+    assert set(state) == {0, 1}
+    assert set(state[0]) == {"step", "delta", "exp_avg", "exp_avg_sq"}
+    assert all(isinstance(k, torch.Tensor) for k in opt.state)  # only parameters key the state
+
+
+def test_bf16_parameters_keep_fp32_momentum_through_state_dict():
+    model = nn.Linear(8, 4).to(torch.bfloat16)
+    opt = FlexDeMo(model.parameters(), lr=0.1)
+    model(torch.randn(3, 8, dtype=torch.bfloat16)).float().sum().backward()
+    opt.step()
+    saved = {k: v["delta"].clone() for k, v in opt.state_dict()["state"].items()}
+    fresh = FlexDeMo(model.parameters(), lr=0.1)
+    fresh.load_state_dict(opt.state_dict())
+    for index, p in enumerate(model.parameters()):
+        assert fresh.state[p]["delta"].dtype == torch.float32
+        assert torch.equal(fresh.state[p]["delta"], saved[index])
+
+
+def test_single_node_has_no_traffic_and_none_replicator_needs_one_node():
+    model = nn.Linear(8, 4)
+    opt = FlexDeMo(model.parameters(), lr=0.1, replicator="none")
+    model(torch.randn(3, 8)).sum().backward()
+    before = model.weight.detach().clone()
+    opt.step()
+    assert opt.comm_stats["bytes_sent"] == 0 and opt.comm_stats["collectives"] == 0
+    assert not torch.equal(before, model.weight)

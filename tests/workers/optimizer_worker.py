@@ -1,0 +1,205 @@
+"""Multi-rank checks of FlexDeMo; each rank saves what the test asserts on to OUT/rank{r}.pt."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import io
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from reference import reference_demo_step
+from torch import nn
+from torch.distributed.tensor import DTensor
+from transformers import T5Config, T5ForConditionalGeneration
+
+from hf_flexdemo import FlexDeMo, build_hybrid_mesh, shard_model
+from hf_flexdemo.mesh import init_process_group
+
+
+def tiny_t5() -> nn.Module:
+    torch.manual_seed(0)
+    config = T5Config(vocab_size=64, d_model=16, d_ff=32, d_kv=8, num_layers=2, num_heads=2,
+                      decoder_start_token_id=0, pad_token_id=0, dropout_rate=0.0)
+    return T5ForConditionalGeneration(config)
+
+
+def t5_batch(step: int, rank: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    ids = torch.randint(1, 64, (4, 12), generator=g)
+    return {"input_ids": ids, "labels": ids.flip(1)}
+
+
+def mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(10, 12), nn.Tanh(), nn.Linear(12, 6), nn.Tanh(), nn.Linear(6, 3))
+
+
+def mlp_loss(model: nn.Module, step: int, rank: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    x, y = torch.randn(8, 10, generator=g), torch.randn(8, 3, generator=g)
+    return ((model(x) - y) ** 2).mean()
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def full(t: torch.Tensor) -> torch.Tensor:
+    return (t.full_tensor() if isinstance(t, DTensor) else t).detach().clone()
+
+
+def train_t5(steps: int, shard_size: int, **opt_kwargs):
+    mesh = build_hybrid_mesh(shard_size=shard_size)
+    model = shard_model(tiny_t5(), mesh)
+    opt = FlexDeMo(model.parameters(), replicate_group=mesh["dp_replicate"].get_group(), **opt_kwargs)
+    losses = []
+    for step in range(steps):
+        loss = model(**t5_batch(step, dist.get_rank())).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return mesh, model, opt, losses
+
+
+def case_replicas(args) -> dict:
+    """2 x 2: train a sharded tiny T5 and report full parameters, shard shapes and traffic."""
+    _, model, opt, losses = train_t5(args.steps, 2, lr=3e-3, compression_topk=2, compression_chunk=8,
+                                     value_dtype=args.value_dtype)
+    return {
+        "params": {n: full(p) for n, p in model.named_parameters()},
+        "local_shapes": [tuple(p.to_local().shape) for p in model.parameters()],
+        "comm_stats": opt.comm_stats,
+        "losses": losses,
+        "initial": {n: p.detach().clone() for n, p in tiny_t5().named_parameters()},
+    }
+
+
+def mean_gradient(reference: nn.Module, step: int, world: int) -> list[torch.Tensor]:
+    grads = None
+    for rank in range(world):
+        reference.zero_grad()
+        mlp_loss(reference, step, rank).backward()
+        local = [p.grad.clone() for p in reference.parameters()]
+        grads = local if grads is None else [a + b for a, b in zip(grads, local)]
+    return [g / world for g in grads]
+
+
+def case_dense_limit(args) -> dict:
+    """2 x 2, top-k = whole chunk, decay 0: FlexDeMo must equal the dense rule on the global mean gradient."""
+    mesh = build_hybrid_mesh(shard_size=2)
+    model = mlp()
+    reference = copy.deepcopy(model)
+    shard_model(model, mesh)
+    lr, wd = 0.05, 0.1
+    opt = FlexDeMo(model.parameters(), lr=lr, weight_decay=wd, replicate_group=mesh["dp_replicate"].get_group(),
+                   compression_topk=64 * 64, compression_decay=0.0, update=args.update, value_dtype="float32")
+    dense = {"sgd": torch.optim.SGD(reference.parameters(), lr=lr, weight_decay=0.0),
+             "adamw": torch.optim.AdamW(reference.parameters(), lr=lr, weight_decay=wd),
+             "sign": None}[args.update]
+    grads_log = []
+    for step in range(3):
+        mlp_loss(model, step, dist.get_rank()).backward()
+        opt.step()
+        opt.zero_grad()
+        grads = mean_gradient(reference, step, dist.get_world_size())
+        grads_log.append(grads)
+        with torch.no_grad():
+            if dense is None:
+                for p, g in zip(reference.parameters(), grads):
+                    p.mul_(1 - lr * wd).sub_(lr * g.sign())
+            else:
+                if args.update == "sgd":
+                    for p in reference.parameters():
+                        p.mul_(1 - lr * wd)
+                for p, g in zip(reference.parameters(), grads):
+                    p.grad = g
+                dense.step()
+    return {"flexdemo": [full(p) for p in model.parameters()],
+            "dense": [p.detach().clone() for p in reference.parameters()],
+            "grads": grads_log}
+
+
+def case_degenerate(args) -> dict:
+    """One node (R=1, FSDP over 4 ranks) or one rank per node (S=1, plain DeMo over 4 replicas)."""
+    shard_size = 4 if args.topology == "one_node" else 1
+    mesh = build_hybrid_mesh(shard_size=shard_size)
+    rank = dist.get_rank()
+    model = mlp()
+    if shard_size > 1:
+        shard_model(model, mesh)
+    lr, topk, chunk, decay = 0.01, 3, 4, 0.9
+    opt = FlexDeMo(model.parameters(), lr=lr, replicate_group=mesh["dp_replicate"].get_group(),
+                   compression_topk=topk, compression_chunk=chunk, compression_decay=decay, value_dtype="float32")
+    params = [local(p) for p in model.parameters()]
+    expected, deltas, q_ref = None, None, None
+    for step in range(3):
+        mlp_loss(model, step, rank).backward()
+        local_grads = [local(p.grad).clone() for p in model.parameters()]
+        gathered = [[torch.empty_like(g) for _ in range(mesh["dp_replicate"].size())] for g in local_grads]
+        for out, g in zip(gathered, local_grads):
+            dist.all_gather(out, g, group=mesh["dp_replicate"].get_group())
+        before = [p.detach().clone() for p in params]
+        deltas = deltas or [[torch.zeros_like(g, dtype=torch.float64)] * len(o) for g, o in zip(local_grads, gathered)]
+        step_ref = [reference_demo_step(b, out, d, lr, topk, chunk, decay) if b.numel() else (b.double(), d, b.double())
+                    for b, out, d in zip(before, gathered, deltas)]
+        expected = [s[0] for s in step_ref]
+        deltas = [s[1] for s in step_ref]
+        q_ref = [s[2] for s in step_ref]
+        opt.step()
+        opt.zero_grad()
+    return {"flexdemo": [p.detach().clone() for p in params], "expected": expected, "q": q_ref,
+            "bytes_sent": opt.comm_stats["bytes_sent"], "collectives": opt.comm_stats["collectives"],
+            "delta": [opt.state[p]["delta"].clone() for p in model.parameters()],
+            "delta_expected": [d[mesh["dp_replicate"].get_local_rank()] for d in deltas]}
+
+
+def case_resume(args) -> dict:
+    """2 x 2: 2N straight steps vs N steps, state_dict through bytes into a fresh optimizer, N more."""
+    n, rank = args.steps, dist.get_rank()
+    kwargs = dict(lr=3e-3, compression_topk=2, compression_chunk=8, update=args.update)
+    _, straight, _, _ = train_t5(2 * n, 2, **kwargs)
+
+    mesh, first, opt, _ = train_t5(n, 2, **kwargs)
+    blob = io.BytesIO()
+    torch.save({"optimizer": opt.state_dict(), "model": {k: v.to_local() for k, v in first.state_dict().items()}}, blob)
+    blob.seek(0)
+    saved = torch.load(blob, weights_only=True)
+
+    resumed = shard_model(tiny_t5(), mesh)
+    with torch.no_grad():
+        for name, p in resumed.named_parameters():
+            p.to_local().copy_(saved["model"][name])
+    opt2 = FlexDeMo(resumed.parameters(), replicate_group=mesh["dp_replicate"].get_group(), **kwargs)
+    opt2.load_state_dict(saved["optimizer"])
+    for step in range(n, 2 * n):
+        resumed(**t5_batch(step, rank)).loss.backward()
+        opt2.step()
+        opt2.zero_grad()
+    return {"straight": {k: full(v) for k, v in straight.named_parameters()},
+            "resumed": {k: full(v) for k, v in resumed.named_parameters()},
+            "delta_dtypes": {str(s["delta"].dtype) for s in opt2.state.values()}}
+
+
+def main() -> None:
+    """``--case name,key=value,...`` (repeatable): run each case, save ``{case string: result}``."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--case", action="append", required=True)
+    init_process_group("cpu")
+    results = {}
+    for spec in parser.parse_args().case:
+        name, *options = spec.split(",")
+        defaults = {"steps": "50", "update": "sign", "topology": "one_node", "value_dtype": "bfloat16"}
+        options = {**defaults, **dict(o.split("=") for o in options)}
+        options["steps"] = int(options["steps"])
+        results[spec] = globals()[f"case_{name}"](argparse.Namespace(**options))
+    torch.save(results, parser.parse_args().out / f"rank{dist.get_rank()}.pt")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

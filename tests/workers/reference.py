@@ -1,0 +1,52 @@
+"""A deliberately naive DeMo step (one block at a time, dense scatter, dense IDCT) to check against."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def _basis(n: int) -> torch.Tensor:
+    k = torch.arange(n, dtype=torch.float64).unsqueeze(1)
+    i = torch.arange(n, dtype=torch.float64).unsqueeze(0)
+    d = torch.cos(math.pi * (2 * i + 1) * k / (2 * n)) * math.sqrt(2.0 / n)
+    d[0] /= math.sqrt(2.0)
+    return d
+
+
+def _divisor(n: int, limit: int) -> int:
+    return max(d for d in range(1, min(n, limit) + 1) if n % d == 0)
+
+
+def _blocks(shape: tuple[int, ...], chunk: int):
+    rows, cols = (1, shape[0]) if len(shape) == 1 else (shape[0], math.prod(shape[1:]))
+    n1, n2 = _divisor(rows, chunk), _divisor(cols, chunk)
+    for i in range(0, rows, n1):
+        for j in range(0, cols, n2):
+            yield (slice(i, i + n1), slice(j, j + n2)), (n1, n2)
+
+
+def reference_demo_step(param, grads, deltas, lr, topk, chunk, decay, value_dtype=torch.float32):
+    """One DeMo sign step of ``len(grads)`` replicas of ``param``; returns (new_param, new_deltas, Q)."""
+    shape = param.shape
+    as_matrix = (lambda t: t.reshape(1, -1)) if param.dim() == 1 else (lambda t: t.reshape(shape[0], -1))
+    deltas = [as_matrix(decay * d.double() + lr * g.double()).clone() for d, g in zip(deltas, grads)]
+    q = torch.zeros_like(deltas[0])
+    for where, (n1, n2) in _blocks(tuple(shape), chunk):
+        d1, d2 = _basis(n1), _basis(n2)
+        k = min(topk, n1 * n2)
+        total = torch.zeros(n1 * n2, dtype=torch.float64)
+        count = torch.zeros(n1 * n2, dtype=torch.float64)
+        for delta in deltas:
+            coeff = (d1 @ delta[where] @ d2.T).reshape(-1)
+            idx = coeff.abs().topk(k).indices
+            vals = coeff[idx].to(value_dtype).double()
+            sparse = torch.zeros_like(coeff).index_put_((idx,), vals)
+            delta[where] -= d1.T @ sparse.view(n1, n2) @ d2
+            total.index_add_(0, idx, vals)
+            count.index_add_(0, idx, torch.ones_like(vals))
+        mean = total / count.clamp(min=1)
+        q[where] = d1.T @ mean.view(n1, n2) @ d2
+    new_param = param.double() - lr * torch.sign(q.view(shape))
+    return new_param, [d.view(shape) for d in deltas], q.view(shape)
