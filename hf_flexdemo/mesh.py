@@ -65,9 +65,14 @@ def block_classes(model: nn.Module) -> tuple[type[nn.Module], ...]:
     return tuple({type(m) for m in model.modules() if type(m).__name__ in names})
 
 
-def shard_model(model: nn.Module, mesh: DeviceMesh, **fully_shard_kwargs) -> nn.Module:
-    """FSDP2-shard each transformer block, then the root, over ``mesh["dp_shard"]`` only."""
-    shard_mesh = mesh["dp_shard"]
+def shard_model(model: nn.Module, mesh: DeviceMesh, *, hsdp: bool = False, **fully_shard_kwargs) -> nn.Module:
+    """FSDP2-shard each transformer block, then the root (which keeps tied embeddings together).
+
+    Shards over ``mesh["dp_shard"]`` only, so FSDP never talks across nodes. ``hsdp=True`` gives the
+    stock HSDP baseline instead: sharded within, replicated (dense all-reduce) across nodes.
+    """
+    names = mesh.mesh_dim_names or ()
+    shard_mesh = mesh[MESH_DIMS] if hsdp and "dp_replicate" in names else mesh["dp_shard"]
     classes = block_classes(model)
     for module in list(model.modules()):
         if classes and isinstance(module, classes):

@@ -48,6 +48,22 @@ def _check(ok: bool, name: str, value: Any, accepted: str) -> None:
         raise ValueError(f"FlexDeMo: invalid {name}={value!r}; accepted: {accepted}.")
 
 
+
+def validate_compression(
+    compression_topk: int, compression_chunk: int, compression_decay: float, update: str, replicator: str,
+    value_dtype: str,
+) -> None:
+    """Raise ``ValueError`` naming the field and the accepted values for any invalid FlexDeMo knob."""
+    _check(isinstance(compression_topk, int) and compression_topk >= 1, "compression_topk",
+           compression_topk, "an integer >= 1")
+    _check(isinstance(compression_chunk, int) and compression_chunk >= 1, "compression_chunk",
+           compression_chunk, "an integer >= 1")
+    _check(0.0 <= compression_decay < 1.0, "compression_decay", compression_decay, "a float in [0, 1)")
+    _check(update in UPDATES, "update", update, " | ".join(UPDATES))
+    _check(replicator in REPLICATORS, "replicator", replicator, " | ".join(REPLICATORS))
+    _check(value_dtype in VALUE_DTYPES, "value_dtype", value_dtype, " | ".join(VALUE_DTYPES))
+
+
 @dataclass
 class _Bucket:
     """Parameters of one group whose local shards share a block layout.
@@ -120,15 +136,8 @@ class FlexDeMo(Optimizer):
         eps: float = 1e-8,
     ) -> None:
         _check(lr >= 0, "lr", lr, "a float >= 0")
-        _check(isinstance(compression_topk, int) and compression_topk >= 1, "compression_topk",
-               compression_topk, "an integer >= 1")
-        _check(isinstance(compression_chunk, int) and compression_chunk >= 1, "compression_chunk",
-               compression_chunk, "an integer >= 1")
-        _check(0.0 <= compression_decay < 1.0, "compression_decay", compression_decay, "a float in [0, 1)")
-        _check(update in UPDATES, "update", update, " | ".join(UPDATES))
-        _check(replicator in REPLICATORS, "replicator", replicator, " | ".join(REPLICATORS))
+        validate_compression(compression_topk, compression_chunk, compression_decay, update, replicator, value_dtype)
         _check(weight_decay >= 0, "weight_decay", weight_decay, "a float >= 0")
-        _check(value_dtype in VALUE_DTYPES, "value_dtype", value_dtype, " | ".join(VALUE_DTYPES))
         _check(all(0.0 <= b < 1.0 for b in betas), "betas", betas, "two floats in [0, 1)")
         _check(eps > 0, "eps", eps, "a float > 0")
         defaults = dict(lr=lr, compression_decay=compression_decay, weight_decay=weight_decay,

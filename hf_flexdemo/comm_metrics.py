@@ -1,0 +1,59 @@
+"""Inter-node traffic in the Trainer logs: ``flexdemo/*`` keys that every ``report_to`` backend records."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from transformers import TrainerCallback
+from transformers.trainer_callback import ExportableState
+
+from .optimizer import FlexDeMo
+
+_SUMMED = ("bytes_sent", "bytes_received", "dense_bytes", "seconds")
+
+
+def unwrap_optimizer(optimizer: torch.optim.Optimizer | None) -> torch.optim.Optimizer | None:
+    """The optimizer inside Accelerate's ``AcceleratedOptimizer`` wrapper."""
+    return getattr(optimizer, "optimizer", optimizer)
+
+
+class CommMetricsCallback(TrainerCallback, ExportableState):
+    """Accumulates FlexDeMo's per-step ``comm_stats`` between logging steps.
+
+    :meth:`collect` (a collective: every rank calls it at each logging step) returns job-wide values:
+    bytes summed over all ranks per optimizer step, averaged over the steps since the last log;
+    ``comm_seconds`` is the mean time a rank spent in inter-node collectives per step.
+    """
+
+    def __init__(self, total_bytes_sent: float = 0.0) -> None:
+        self.total_bytes_sent = total_bytes_sent
+        self._window = torch.zeros(len(_SUMMED) + 1, dtype=torch.float64)
+
+    def on_optimizer_step(self, args, state, control, optimizer=None, **kwargs) -> None:
+        inner = unwrap_optimizer(optimizer)
+        if isinstance(inner, FlexDeMo):
+            stats = inner.comm_stats
+            self._window += torch.tensor([*(float(stats[k]) for k in _SUMMED), 1.0], dtype=torch.float64)
+
+    def collect(self, device: torch.device) -> dict[str, float]:
+        window = self._window.to(device)
+        world = 1
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(window)
+            world = dist.get_world_size()
+        self._window.zero_()
+        sent, received, dense, seconds, steps = window.tolist()
+        steps = max(steps / world, 1.0)  # every rank counted the same steps
+        self.total_bytes_sent += sent
+        logs = {
+            "flexdemo/bytes_sent": sent / steps,
+            "flexdemo/bytes_received": received / steps,
+            "flexdemo/comm_seconds": seconds / world / steps,
+            "flexdemo/total_bytes_sent": self.total_bytes_sent,
+        }
+        if sent:
+            logs["flexdemo/compression_ratio"] = dense / sent
+        return logs
+
+    def state(self) -> dict:
+        return {"args": {"total_bytes_sent": self.total_bytes_sent}, "attributes": {}}

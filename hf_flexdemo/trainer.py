@@ -1,0 +1,252 @@
+"""``FlexDeMoTrainer``: ``transformers.Trainer`` with FSDP2 inside each node and FlexDeMo across nodes.
+
+What it changes in ``Trainer``, and why:
+
+* the Accelerate setup: an FSDP2 plugin and a parallelism config built from ``FlexDeMoConfig.method``
+  and the launcher's topology (see :mod:`hf_flexdemo.topology`); on CPU, :mod:`hf_flexdemo.cpu_fsdp`;
+* the optimizer: FlexDeMo on the replicate group (``create_optimizer``; ``optimizers=`` is refused
+  by ``Trainer`` under FSDP), with DDP's gradient all-reduce switched off where DDP wraps the model;
+* checkpoints: per-rank optimizer state, the topology, a completion marker (:mod:`hf_flexdemo.checkpoint`);
+* logs: ``flexdemo/*`` traffic metrics (:mod:`hf_flexdemo.comm_metrics`); the model card.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from accelerate.utils import FullyShardedDataParallelPlugin, save_fsdp_model
+from torch.distributed.fsdp import MixedPrecisionPolicy
+from torch.nn.parallel import DistributedDataParallel
+from transformers import Seq2SeqTrainer, Trainer, TrainingArguments
+from transformers.trainer import SCHEDULER_NAME
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
+
+from . import checkpoint
+from .comm_metrics import CommMetricsCallback, unwrap_optimizer
+from .config import FlexDeMoConfig
+from .cpu_fsdp import enable_fsdp_on_cpu
+from .mesh import shard_model
+from .optimizer import FlexDeMo
+from .topology import Topology, parallelism_config
+
+# Set by `accelerate launch` from a YAML; the trainer passes its own plugin and parallelism config.
+_LAUNCHER_ENV = ("ACCELERATE_USE_FSDP", "ACCELERATE_USE_PARALLELISM_CONFIG")
+
+
+@contextlib.contextmanager
+def _without_env(names: tuple[str, ...]) -> Iterator[None]:
+    saved = {n: os.environ.pop(n) for n in names if n in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
+def _local_gradients(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook that keeps each rank's own gradient: FlexDeMo does the exchange."""
+    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    future.set_result(bucket.buffer())
+    return future
+
+
+class FlexDeMoTrainer(Trainer):
+    """``Trainer`` that trains with FlexDeMo (or the DeMo / AdamW-HSDP baselines) across nodes.
+
+    Args:
+        flexdemo_config: the method and optimizer knobs; ``FlexDeMoConfig()`` if omitted.
+        *args, **kwargs: as for ``transformers.Trainer`` (``args`` is required). The learning rate,
+            weight decay, AdamW betas/epsilon, schedule, logging and saving come from ``args``.
+    """
+
+    def __init__(self, *args: Any, flexdemo_config: FlexDeMoConfig | None = None, **kwargs: Any) -> None:
+        self.flexdemo_config = flexdemo_config or FlexDeMoConfig()
+        training_args: TrainingArguments | None = kwargs.get("args", args[1] if len(args) > 1 else None)
+        model = kwargs.get("model", args[0] if args else None)
+        if training_args is None:
+            raise ValueError("FlexDeMoTrainer needs args=TrainingArguments(...).")
+        self._check_arguments(training_args, kwargs)
+        shard_size = 1 if self.flexdemo_config.method == "demo" else self.flexdemo_config.shard_size
+        self.topology = Topology.resolve(training_args.world_size, shard_size)
+        self._parallelism = parallelism_config(self.flexdemo_config.method, self.topology)
+        self._fsdp_on_cpu = self._parallelism is not None and training_args.device.type == "cpu"
+        self._configure_accelerate(training_args, model)
+        super().__init__(*args, **kwargs)
+        if self.is_fsdp_enabled:
+            self._shard_model()
+        self.comm_metrics = CommMetricsCallback()
+        self.add_callback(self.comm_metrics)
+
+    def _check_arguments(self, args: TrainingArguments, kwargs: dict[str, Any]) -> None:
+        if args.fp16:
+            raise ValueError("fp16=True is not supported: the loss scaler can skip a step on one rank only, "
+                             "which deadlocks the others. Accepted: bf16=True or full precision.")
+        launched = int(os.environ.get("WORLD_SIZE", "1"))
+        if launched != args.world_size:
+            raise ValueError(f"{launched} processes were launched but TrainingArguments sees {args.world_size}: "
+                             "on a machine without GPUs pass use_cpu=True (--use_cpu) so they run on gloo.")
+        if self.flexdemo_config.method != "adamw" and kwargs.get("optimizer_cls_and_kwargs") is not None:
+            raise ValueError("optimizer_cls_and_kwargs is not accepted with method='flexdemo'/'demo': the "
+                             "optimizer is FlexDeMo, configured by flexdemo_config.")
+
+    def _configure_accelerate(self, args: TrainingArguments, model: torch.nn.Module | None) -> None:
+        """Point ``args`` at the FSDP2 plugin and parallelism config of the chosen method."""
+        if self._parallelism is None:
+            args.fsdp_plugin_args = None
+            args.parallelism_config = None
+            return
+        args.fsdp_plugin_args = {
+            **(args.fsdp_plugin_args or {}),
+            "fsdp_version": 2,
+            "auto_wrap_policy": "no_wrap",  # the trainer shards the model itself (_shard_model)
+            "state_dict_type": "FULL_STATE_DICT",  # checkpoints and final saves load with from_pretrained
+            "cpu_ram_efficient_loading": False,
+        }
+        args.parallelism_config = None if self._fsdp_on_cpu else self._parallelism
+
+    def create_accelerator_and_postprocess(self) -> None:
+        with _without_env(_LAUNCHER_ENV):
+            super().create_accelerator_and_postprocess()
+        if self._fsdp_on_cpu:
+            plugin = FullyShardedDataParallelPlugin(**self.args.fsdp_plugin_args)
+            enable_fsdp_on_cpu(self.accelerator, plugin, self._parallelism)
+            self.is_fsdp_enabled = True
+
+    def _shard_model(self) -> None:
+        """FSDP2-shard the model before the optimizer is built (Accelerate then leaves it as it is).
+
+        Accelerate's own wrapping puts the input embedding and the LM head in different FSDP groups,
+        which tied embeddings (T5) do not allow; :func:`shard_model` keeps them in the root group.
+        """
+        policy = MixedPrecisionPolicy()
+        if self.accelerator.mixed_precision == "bf16":
+            policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        shard_model(self.model, self.accelerator.torch_device_mesh, hsdp=self.flexdemo_config.method == "adamw",
+                    mp_policy=policy)
+        self.model_wrapped = self.model
+
+    @property
+    def flexdemo_optimizer(self) -> FlexDeMo | None:
+        """The FlexDeMo instance once created (``None`` for ``method="adamw"``)."""
+        inner = unwrap_optimizer(self.optimizer)
+        return inner if isinstance(inner, FlexDeMo) else None
+
+    def replicate_group(self) -> dist.ProcessGroup | None:
+        """The ranks holding the same shard on other nodes (``None`` on a single node)."""
+        if self.topology.replicate_size == 1:
+            return None
+        mesh = self.accelerator.torch_device_mesh
+        if mesh is not None and "dp_replicate" in (mesh.mesh_dim_names or ()):
+            return mesh["dp_replicate"].get_group()
+        return dist.group.WORLD  # no sharding: every rank is a replica
+
+    def create_optimizer(self, model: torch.nn.Module | None = None) -> torch.optim.Optimizer:
+        if self.optimizer is None and self.flexdemo_config.method != "adamw":
+            self.optimizer_cls_and_kwargs = (FlexDeMo, {
+                "lr": self.args.learning_rate,
+                "replicate_group": self.replicate_group(),
+                "betas": (self.args.adam_beta1, self.args.adam_beta2),
+                "eps": self.args.adam_epsilon,
+                **self.flexdemo_config.optimizer_kwargs(),
+            })
+        return super().create_optimizer(model)
+
+    def training_step(self, model: torch.nn.Module, inputs: dict[str, Any], num_items_in_batch=None) -> torch.Tensor:
+        if isinstance(model, DistributedDataParallel) and self.flexdemo_config.method != "adamw":
+            if not getattr(model, "_flexdemo_local_gradients", False):
+                model.register_comm_hook(None, _local_gradients)
+                model._flexdemo_local_gradients = True
+        return super().training_step(model, inputs, num_items_in_batch)
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if "loss" in logs and self.flexdemo_optimizer is not None:
+            logs.update(self.comm_metrics.collect(self.accelerator.device))
+        super().log(logs, start_time)
+
+    # ---- checkpoints -------------------------------------------------------------------------
+
+    def _setup_record(self) -> dict[str, Any]:
+        return {**self.topology.as_dict(), "method": self.flexdemo_config.method}
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, **kwargs: Any):
+        """As ``Trainer.train``; ``True``/``"last"`` resumes from the last *complete* checkpoint."""
+        if resume_from_checkpoint is True or resume_from_checkpoint == "last":
+            resume_from_checkpoint = checkpoint.last_complete_checkpoint(self.args.output_dir)
+            if resume_from_checkpoint is None:
+                raise ValueError(f"No complete checkpoint to resume from in {self.args.output_dir}.")
+        if isinstance(resume_from_checkpoint, str):
+            checkpoint.check_resumable(resume_from_checkpoint, self._setup_record())
+        return super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs)
+
+    def _save_checkpoint(self, model: torch.nn.Module, trial) -> None:
+        limit = self.args.save_total_limit
+        self.args.save_total_limit = None  # rotate only once the new checkpoint is complete
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self.args.save_total_limit = limit
+        run_dir = self._get_output_dir(trial=trial)
+        folder = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        self.accelerator.wait_for_everyone()
+        if self.args.should_save:
+            checkpoint.mark_complete(folder, self.state.global_step)
+            rotate_checkpoints(output_dir=run_dir, save_total_limit=limit,
+                               best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
+
+    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+        optimizer = self.flexdemo_optimizer
+        if optimizer is None:
+            super()._save_optimizer_and_scheduler(output_dir)
+            return
+        if self.is_fsdp_enabled:  # the weights `_load_from_checkpoint` reads back under FSDP
+            save_fsdp_model(self.accelerator.state.fsdp_plugin, self.accelerator, self.model, output_dir)
+        checkpoint.save_optimizer(optimizer, output_dir, self.args.process_index)
+        if self.args.should_save:
+            checkpoint.write_topology(output_dir, self._setup_record())
+            torch.save(self.lr_scheduler.state_dict(), os.path.join(output_dir, SCHEDULER_NAME))
+
+    def _load_optimizer_and_scheduler(self, checkpoint_dir: str | None) -> None:
+        optimizer = self.flexdemo_optimizer
+        if checkpoint_dir is None or optimizer is None:
+            super()._load_optimizer_and_scheduler(checkpoint_dir)
+            return
+        checkpoint.load_optimizer(optimizer, checkpoint_dir, self.args.process_index)
+        self.lr_scheduler.load_state_dict(
+            torch.load(os.path.join(checkpoint_dir, SCHEDULER_NAME), weights_only=True)
+        )
+
+    # ---- model card --------------------------------------------------------------------------
+
+    def create_model_card(self, *args: Any, **kwargs: Any) -> None:
+        tags = kwargs.get("tags") or []
+        kwargs["tags"] = [*([tags] if isinstance(tags, str) else tags), "flexdemo"]
+        super().create_model_card(*args, **kwargs)
+        if self.is_world_process_zero():
+            with open(Path(self.args.output_dir, "README.md"), "a") as card:
+                card.write(self._model_card_section())
+
+    def _model_card_section(self) -> str:
+        config = asdict(self.flexdemo_config)
+        lines = ["", "## FlexDeMo training", "",
+                 "Trained with [hf_flexdemo](https://arxiv.org/abs/2502.06728): FSDP2 inside each node, "
+                 "DCT top-k momentum exchange between nodes.", "",
+                 f"- topology: {self.topology.replicate_size} node(s) x {self.topology.shard_size} process(es)"]
+        lines += [f"- {key}: {value}" for key, value in config.items()]
+        if self.flexdemo_optimizer is not None and self.comm_metrics.total_bytes_sent:
+            lines.append(f"- inter-node bytes sent (all ranks, as of the last log): "
+                         f"{self.comm_metrics.total_bytes_sent:.4g}")
+            ratio = [e["flexdemo/compression_ratio"] for e in self.state.log_history
+                     if "flexdemo/compression_ratio" in e]
+            if ratio:
+                lines.append(f"- traffic vs a dense fp32 all-reduce: 1/{ratio[-1]:.1f}")
+        return "\n".join(lines) + "\n"
+
+
+class FlexDeMoSeq2SeqTrainer(FlexDeMoTrainer, Seq2SeqTrainer):
+    """``FlexDeMoTrainer`` with ``Seq2SeqTrainer``'s generation in evaluation and prediction."""

@@ -1,0 +1,91 @@
+"""Multi-rank FlexDeMoTrainer runs on a tiny T5; each rank saves what the test asserts on to OUT/rank{r}.pt."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from datasets import Dataset
+from torch.distributed.tensor import DTensor
+from transformers import T5Config, T5ForConditionalGeneration, TrainingArguments, set_seed
+
+from hf_flexdemo import FlexDeMoConfig, FlexDeMoTrainer
+
+
+def tiny_t5() -> T5ForConditionalGeneration:
+    set_seed(0)
+    config = T5Config(vocab_size=32, d_model=32, d_ff=64, d_kv=8, num_layers=2, num_heads=4,
+                      decoder_start_token_id=0, pad_token_id=0, dropout_rate=0.0)
+    return T5ForConditionalGeneration(config)
+
+
+def reverse_task(n: int) -> Dataset:
+    """Learnable toy task: output the input tokens reversed."""
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(2, 32, (n, 8), generator=g)
+    return Dataset.from_dict({"input_ids": ids.tolist(), "labels": ids.flip(1).tolist()})
+
+
+def fixed_batch() -> dict[str, torch.Tensor]:
+    ids = torch.tensor(reverse_task(4)["input_ids"])
+    return {"input_ids": ids, "labels": ids.flip(1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--output_dir", required=True)
+    parser.add_argument("--method", default="flexdemo")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--ga", type=int, default=1)
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--save_steps", type=int, default=0)
+    parser.add_argument("--resume", default=None)
+    parser.add_argument("--shard_size", type=int, default=2)
+    parser.add_argument("--bf16", action="store_true")
+    parser.add_argument("--fp16", action="store_true")
+    parser.add_argument("--final_save", action="store_true")
+    parser.add_argument("--topk", type=int, default=4)
+    args = parser.parse_args()
+
+    training_args = TrainingArguments(
+        output_dir=args.output_dir, use_cpu=True, max_steps=args.steps, per_device_train_batch_size=args.batch,
+        gradient_accumulation_steps=args.ga, learning_rate=args.lr, lr_scheduler_type="constant",
+        logging_steps=5, save_strategy="steps" if args.save_steps else "no", save_steps=args.save_steps or 500,
+        report_to=[], seed=0, data_seed=0, max_grad_norm=0.0, bf16=args.bf16, fp16=args.fp16,
+        dataloader_drop_last=True, disable_tqdm=True,
+    )
+    config = FlexDeMoConfig(method=args.method, compression_topk=args.topk, compression_chunk=8,
+                            shard_size=args.shard_size)
+    model = tiny_t5()
+    trainer = FlexDeMoTrainer(model=model, args=training_args, train_dataset=reverse_task(512),
+                              flexdemo_config=config)
+    resume = {"true": True, None: None}.get(args.resume, args.resume)
+    trainer.train(resume_from_checkpoint=resume)
+    if args.final_save:
+        trainer.save_model(args.output_dir)
+    opt = trainer.flexdemo_optimizer
+    params = {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
+              for n, p in trainer.model.named_parameters()}
+    with torch.no_grad():
+        logits = trainer.model(**fixed_batch()).logits.detach().clone()
+    result = {
+        "log_history": trainer.state.log_history,
+        "params": params,
+        "logits": logits,
+        "comm_stats": None if opt is None else opt.comm_stats,
+        "topology": trainer.topology.as_dict(),
+        "fsdp": trainer.is_fsdp_enabled,
+    }
+    torch.save(result, args.out / f"rank{dist.get_rank()}.pt")
+    if dist.get_rank() == 0:
+        (args.out / "log_history.json").write_text(json.dumps(trainer.state.log_history))
+    dist.barrier()
+
+
+if __name__ == "__main__":
+    main()
