@@ -49,7 +49,7 @@ def _without_env(names: tuple[str, ...]) -> Iterator[None]:
         os.environ.update(saved)
 
 
-def _local_gradients(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+def _local_gradients(state, bucket):  # DDP rejects string annotations (postponed evaluation) on hooks
     """DDP communication hook that keeps each rank's own gradient: FlexDeMo does the exchange."""
     future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     future.set_result(bucket.buffer())

@@ -34,5 +34,6 @@ def torchrun(script: str | Path, nproc: int, args: list[str], timeout: float = 3
 
 def run_worker(name: str, nproc: int, out: Path, *args: str, timeout: float = 300) -> list[dict]:
     """Run ``tests/workers/<name>.py --out OUT args`` and load ``OUT/rank{r}.pt`` of every rank."""
+    out.mkdir(parents=True, exist_ok=True)
     torchrun(WORKERS / f"{name}.py", nproc, ["--out", str(out), *args], timeout=timeout)
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(nproc)]
