@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .optimizer import REPLICATORS, UPDATES, VALUE_DTYPES, validate_compression
+from .optimizer import REPLICATORS, UPDATES, VALUE_DTYPES, validate_compression, validate_guards
 
 METHODS = ("flexdemo", "demo", "adamw")
 
@@ -28,6 +28,13 @@ class FlexDeMoConfig:
     value_dtype: str = field(
         default="bfloat16", metadata={"help": f"Wire type of coefficients: {' | '.join(VALUE_DTYPES)}."}
     )
+    on_nonfinite: str = field(
+        default="skip", metadata={"help": "A NaN/Inf gradient on any rank: every rank skips the step, or raises."}
+    )
+    drift_check_every: int = field(
+        default=100, metadata={"help": "Compare parameter fingerprints across nodes every N steps (0: never)."}
+    )
+    on_drift: str = field(default="raise", metadata={"help": "Replicas found different: raise | resync."})
     shard_size: int | None = field(
         default=None,
         metadata={"help": "Processes per node (FSDP group size). Default: from the launcher (accelerate's "
@@ -43,6 +50,7 @@ class FlexDeMoConfig:
             )
         validate_compression(self.compression_topk, self.compression_chunk, self.compression_decay, self.update,
                              self.replicator, self.value_dtype)
+        validate_guards(self.on_nonfinite, self.drift_check_every, self.on_drift)
 
     def optimizer_kwargs(self) -> dict[str, Any]:
         """The FlexDeMo constructor arguments this config sets."""

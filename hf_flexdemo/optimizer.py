@@ -18,6 +18,7 @@ plain tensors; all arithmetic runs on local shards, state is created lazily in :
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +30,7 @@ from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 from torch.optim.adamw import adamw
 
-from . import compression
+from . import compression, guards
 from .dct import BlockLayout
 from .replicate import CommStats, ReplicateGroup, dense_allreduce_bytes
 
@@ -47,6 +48,14 @@ def _check(ok: bool, name: str, value: Any, accepted: str) -> None:
     if not ok:
         raise ValueError(f"FlexDeMo: invalid {name}={value!r}; accepted: {accepted}.")
 
+
+
+def validate_guards(on_nonfinite: str, drift_check_every: int, on_drift: str) -> None:
+    """Raise ``ValueError`` naming the field and the accepted values for an invalid guard setting."""
+    _check(on_nonfinite in guards.NONFINITE_ACTIONS, "on_nonfinite", on_nonfinite, " | ".join(guards.NONFINITE_ACTIONS))
+    _check(isinstance(drift_check_every, int) and drift_check_every >= 0, "drift_check_every", drift_check_every,
+           "an integer >= 0 (0 disables the check)")
+    _check(on_drift in guards.DRIFT_ACTIONS, "on_drift", on_drift, " | ".join(guards.DRIFT_ACTIONS))
 
 
 def validate_compression(
@@ -134,12 +143,16 @@ class FlexDeMo(Optimizer):
         value_dtype: str = "bfloat16",
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
+        on_nonfinite: str = "skip",
+        drift_check_every: int = 100,
+        on_drift: str = "raise",
     ) -> None:
         _check(lr >= 0, "lr", lr, "a float >= 0")
         validate_compression(compression_topk, compression_chunk, compression_decay, update, replicator, value_dtype)
         _check(weight_decay >= 0, "weight_decay", weight_decay, "a float >= 0")
         _check(all(0.0 <= b < 1.0 for b in betas), "betas", betas, "two floats in [0, 1)")
         _check(eps > 0, "eps", eps, "a float > 0")
+        validate_guards(on_nonfinite, drift_check_every, on_drift)
         defaults = dict(lr=lr, compression_decay=compression_decay, weight_decay=weight_decay,
                         betas=betas, eps=eps)
         super().__init__(params, defaults)
@@ -156,6 +169,11 @@ class FlexDeMo(Optimizer):
         self.update = update
         self.replicator = replicator
         self.value_dtype = VALUE_DTYPES[value_dtype]
+        self.on_nonfinite = on_nonfinite
+        self.drift_check_every = drift_check_every
+        self.on_drift = on_drift
+        self.skipped_steps = 0
+        self._steps = 0
         self.comm_stats: dict[str, float] = CommStats().as_dict()
         self._buffers: dict[int, Tensor] = {}
 
@@ -167,6 +185,12 @@ class FlexDeMo(Optimizer):
                 loss = closure()
         stats = CommStats()
         buckets = self._buckets()
+        if self.drift_check_every and self._steps % self.drift_check_every == 0:
+            self._check_drift()
+        self._steps += 1
+        if not self._inputs_finite(buckets):
+            self.comm_stats = stats.as_dict()
+            return loss
         for bucket in buckets:
             bucket.delta.mul_(bucket.group["compression_decay"])
             torch._foreach_add_(list(bucket.delta.unbind(0)), bucket.grads, alpha=bucket.group["lr"])
@@ -178,6 +202,44 @@ class FlexDeMo(Optimizer):
         stats.dense_bytes = dense_allreduce_bytes(numel, self.replicate.size)
         self.comm_stats = stats.as_dict()
         return loss
+
+    def _inputs_finite(self, buckets: list[_Bucket]) -> bool:
+        """Agree across all ranks, before anything is sent, whether a gradient or momentum is NaN/Inf."""
+        tensors = [t for b in buckets for t in (*b.grads, b.delta)]
+        device = tensors[0].device if tensors else torch.device("cpu")
+        bad = guards.nonfinite_ranks(tensors, device)
+        if not bad:
+            return True
+        message = f"FlexDeMo: non-finite gradient or momentum on rank(s) {bad}"
+        if self.on_nonfinite == "raise":
+            raise FloatingPointError(message + " (on_nonfinite='raise').")
+        warnings.warn(message + "; every rank skips this step (on_nonfinite='skip').", stacklevel=3)
+        self.skipped_steps += 1
+        return False
+
+    def _check_drift(self) -> None:
+        """Compare parameter fingerprints across replicas; raise or re-synchronise on a mismatch."""
+        if self.replicate.size == 1:
+            return
+        named = [(name, _local(p)) for name, p in self._named_params()]
+        bad = guards.drifted([p for _, p in named], self.replicate.group, self.replicate.size)
+        names = guards.agree([named[i][0] for i in bad])  # other replicate groups must stop too
+        if not names:
+            return
+        if self.on_drift == "raise":
+            raise RuntimeError(f"FlexDeMo: replicas differ in {names} (on_drift='raise'). Replicas must start "
+                               "identical (same seed or checkpoint) and apply identical updates.")
+        warnings.warn(f"FlexDeMo: replicas differ in {names}; copying replica 0's values (on_drift='resync').",
+                      stacklevel=3)
+        guards.resync([named[i][1] for i in bad], self.replicate.group)
+
+    def _named_params(self) -> list[tuple[str, Tensor]]:
+        """Trainable parameters with their names (``param_names`` of a group if given, else positions)."""
+        named = []
+        for g, group in enumerate(self.param_groups):
+            names = group.get("param_names") or [f"param_groups[{g}][{i}]" for i in range(len(group["params"]))]
+            named += [(n, p) for n, p in zip(names, group["params"]) if p.requires_grad]
+        return named
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load as torch does, then restore the saved buffer dtypes (torch casts them to the parameter's)."""

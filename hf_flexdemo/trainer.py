@@ -155,6 +155,11 @@ class FlexDeMoTrainer(Trainer):
                 "eps": self.args.adam_epsilon,
                 **self.flexdemo_config.optimizer_kwargs(),
             })
+            optimizer = super().create_optimizer(model)
+            names = {p: n for n, p in (model or self.model).named_parameters()}
+            for group in optimizer.param_groups:  # torch's named-parameter convention, used in error messages
+                group["param_names"] = [names[p] for p in group["params"]]
+            return optimizer
         return super().create_optimizer(model)
 
     def training_step(self, model: torch.nn.Module, inputs: dict[str, Any], num_items_in_batch=None) -> torch.Tensor:
@@ -167,6 +172,7 @@ class FlexDeMoTrainer(Trainer):
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs and self.flexdemo_optimizer is not None:
             logs.update(self.comm_metrics.collect(self.accelerator.device))
+            logs["flexdemo/skipped_steps"] = self.flexdemo_optimizer.skipped_steps
         super().log(logs, start_time)
 
     # ---- checkpoints -------------------------------------------------------------------------

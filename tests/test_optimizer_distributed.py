@@ -20,6 +20,7 @@ CASES = [
     "dense_limit,update=sign", "dense_limit,update=sgd", "dense_limit,update=adamw",
     "degenerate,topology=one_node", "degenerate,topology=one_rank_per_node",
     "resume,steps=5,update=sign", "resume,steps=5,update=adamw",
+    "drift,action=raise", "drift,action=resync", "nonfinite,action=skip", "nonfinite,action=raise",
 ]
 
 
@@ -110,3 +111,32 @@ def test_state_dict_round_trip_resumes_exactly(update, suite):
         assert rank["delta_dtypes"] == {"torch.float32"}
         for name, value in rank["straight"].items():
             assert torch.equal(value, rank["resumed"][name]), name
+
+
+def test_drift_guard_raises_on_every_rank_with_the_parameter_name(suite):
+    for rank in _case(suite, "drift,action=raise"):
+        assert rank["step"] == 4  # perturbed before step 3's update, checked at the next check (step 4)
+        assert "replicas differ in ['shared.weight']" in rank["error"]
+
+
+def test_drift_guard_resync_restores_identical_replicas(suite):
+    ranks = _case(suite, "drift,action=resync")
+    assert all(r["error"] is None and r["step"] == 5 for r in ranks)
+    for a, b in [(0, 2), (1, 3)]:
+        for name, value in ranks[a]["params"].items():
+            assert torch.equal(value, ranks[b]["params"][name]), name
+
+
+def test_nonfinite_gradient_is_skipped_by_every_rank(suite):
+    ranks = _case(suite, "nonfinite,action=skip")
+    for rank in ranks:
+        assert rank["error"] is None and rank["skipped"] == 1 and rank["unchanged_at_skip"]
+        assert rank["deltas_finite"] and all(v.isfinite().all() for v in rank["params"].values())
+    for a, b in [(0, 2), (1, 3)]:
+        for name, value in ranks[a]["params"].items():
+            assert torch.equal(value, ranks[b]["params"][name]), name
+
+
+def test_nonfinite_gradient_raises_on_every_rank(suite):
+    for rank in _case(suite, "nonfinite,action=raise"):
+        assert rank["error"] == "FlexDeMo: non-finite gradient or momentum on rank(s) [1] (on_nonfinite='raise')."

@@ -183,6 +183,53 @@ def case_resume(args) -> dict:
             "delta_dtypes": {str(s["delta"].dtype) for s in opt2.state.values()}}
 
 
+def case_drift(args) -> dict:
+    """2 x 2: perturb one parameter on node 1; the next check must catch it (raise) or repair it (resync)."""
+    mesh = build_hybrid_mesh(shard_size=2)
+    model = shard_model(tiny_t5(), mesh)
+    opt = FlexDeMo(model.named_parameters(), lr=1e-3, replicate_group=mesh["dp_replicate"].get_group(),
+                   compression_topk=2, compression_chunk=8, drift_check_every=2, on_drift=args.action)
+    rank, error = dist.get_rank(), None
+    for step in range(6):
+        if step == 3 and rank == 2:
+            with torch.no_grad():
+                next(model.parameters()).to_local()[0, 0] += 1e-3
+        model(**t5_batch(step, rank)).loss.backward()
+        try:
+            opt.step()
+        except RuntimeError as exc:
+            error = str(exc)
+            break
+        opt.zero_grad()
+    return {"error": error, "step": step, "params": {n: full(p) for n, p in model.named_parameters()}}
+
+
+def case_nonfinite(args) -> dict:
+    """2 x 2: rank 1 gets a NaN gradient at step 2; every rank must skip that step, or every rank raise."""
+    mesh = build_hybrid_mesh(shard_size=2)
+    model = shard_model(tiny_t5(), mesh)
+    opt = FlexDeMo(model.parameters(), lr=1e-3, replicate_group=mesh["dp_replicate"].get_group(),
+                   compression_topk=2, compression_chunk=8, on_nonfinite=args.action)
+    rank, error, before = dist.get_rank(), None, None
+    for step in range(4):
+        model(**t5_batch(step, rank)).loss.backward()
+        if step == 2:
+            before = {n: full(p) for n, p in model.named_parameters()}
+            if rank == 1:
+                next(model.parameters()).grad.to_local().view(-1)[0] = float("nan")
+        try:
+            opt.step()
+        except FloatingPointError as exc:
+            error = str(exc)
+            break
+        opt.zero_grad()
+        if step == 2:
+            unchanged = all(torch.equal(before[n], full(p)) for n, p in model.named_parameters())
+    return {"error": error, "skipped": opt.skipped_steps, "unchanged_at_skip": error is None and unchanged,
+            "params": {n: full(p) for n, p in model.named_parameters()},
+            "deltas_finite": all(bool(s["delta"].isfinite().all()) for s in opt.state.values())}
+
+
 def main() -> None:
     """``--case name,key=value,...`` (repeatable): run each case, save ``{case string: result}``."""
     parser = argparse.ArgumentParser()
@@ -192,7 +239,8 @@ def main() -> None:
     results = {}
     for spec in parser.parse_args().case:
         name, *options = spec.split(",")
-        defaults = {"steps": "50", "update": "sign", "topology": "one_node", "value_dtype": "bfloat16"}
+        defaults = {"steps": "50", "update": "sign", "topology": "one_node", "value_dtype": "bfloat16",
+                    "action": "raise"}
         options = {**defaults, **dict(o.split("=") for o in options)}
         options["steps"] = int(options["steps"])
         results[spec] = globals()[f"case_{name}"](argparse.Namespace(**options))

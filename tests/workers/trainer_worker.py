@@ -56,7 +56,8 @@ def main() -> None:
     training_args = TrainingArguments(
         output_dir=args.output_dir, use_cpu=True, max_steps=args.steps, per_device_train_batch_size=args.batch,
         gradient_accumulation_steps=args.ga, learning_rate=args.lr, lr_scheduler_type="constant",
-        logging_steps=args.logging_steps, save_strategy="steps" if args.save_steps else "no", save_steps=args.save_steps or 500,
+        logging_steps=args.logging_steps, save_strategy="steps" if args.save_steps else "no",
+        save_steps=args.save_steps or 500,
         report_to=[], seed=0, data_seed=0, max_grad_norm=0.0, bf16=args.bf16, fp16=args.fp16,
         dataloader_drop_last=True, disable_tqdm=True,
     )

@@ -1,0 +1,31 @@
+# Everyday commands. `make demo` and `make test` set up a fresh machine first (CPU build of torch).
+PYTHON ?= python3
+PIP := $(PYTHON) -m pip
+
+.PHONY: setup demo test unit lint bench-quick clean
+
+setup:
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e ".[test,bench]"
+
+# The T5 translation recipe on its embedded default, on CPU, simulating 2 nodes x 2 processes.
+demo: setup
+	accelerate launch --config_file accelerate_configs/cpu_2x2.yaml \
+		recipes/t5_translation.py --output_dir outputs/t5-number-words
+
+test: setup lint
+	$(PYTHON) -m pytest -q tests
+
+unit:
+	$(PYTHON) -m pytest -q tests -m "not multiprocess"
+
+lint:
+	$(PYTHON) -m ruff check hf_flexdemo recipes benchmarks tests
+
+bench-quick:
+	$(PYTHON) benchmarks/optimizer_step.py
+	$(PYTHON) benchmarks/bandwidth.py --quick
+	$(PYTHON) benchmarks/convergence.py --quick
+
+clean:
+	rm -rf outputs build *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,88 @@
+"""Single-process FlexDeMoTrainer: configuration errors, checkpoint bookkeeping, a one-process run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from trainer_worker import reverse_task, tiny_t5
+from transformers import TrainingArguments
+
+from hf_flexdemo import FlexDeMoConfig, FlexDeMoTrainer, checkpoint
+from hf_flexdemo.topology import Topology
+
+
+def _args(tmp_path, **kwargs) -> TrainingArguments:
+    return TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], disable_tqdm=True, **kwargs)
+
+
+def test_fp16_is_refused_before_anything_is_built(tmp_path):
+    with pytest.raises(ValueError, match="fp16=True is not supported.*Accepted: bf16=True"):
+        FlexDeMoTrainer(model=tiny_t5(), args=_args(tmp_path, fp16=True))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"method": "sgd"}, "method='sgd'; accepted: flexdemo | demo | adamw"),
+     ({"shard_size": 0}, "shard_size=0; accepted: None or an integer >= 1"),
+     ({"compression_topk": -1}, "compression_topk=-1; accepted: an integer >= 1"),
+     ({"update": "lion"}, "update='lion'; accepted: sign | sgd | adamw")],
+)
+def test_config_validates_every_knob(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        FlexDeMoConfig(**kwargs)
+
+
+def test_shard_size_must_divide_the_world():
+    with pytest.raises(ValueError, match=r"shard_size=3 must divide the world size 4; accepted: \[1, 2, 4\]"):
+        Topology.resolve(4, 3)
+    assert Topology.resolve(8, 4).replicate_size == 2
+
+
+def test_topology_defaults_to_the_launcher(monkeypatch):
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert Topology.resolve(8).shard_size == 4
+    monkeypatch.setenv("PARALLELISM_CONFIG_DP_SHARD_SIZE", "2")
+    assert Topology.resolve(8).shard_size == 2
+
+
+def _fake_checkpoint(path, step, complete, record):
+    path.mkdir(parents=True)
+    checkpoint.write_topology(path, record)
+    if complete:
+        checkpoint.mark_complete(path, step)
+
+
+def test_incomplete_checkpoints_are_never_resumed(tmp_path):
+    record = {"world_size": 4, "shard_size": 2, "replicate_size": 2, "method": "flexdemo"}
+    _fake_checkpoint(tmp_path / "checkpoint-10", 10, True, record)
+    _fake_checkpoint(tmp_path / "checkpoint-20", 20, False, record)
+    assert checkpoint.last_complete_checkpoint(tmp_path) == str(tmp_path / "checkpoint-10")
+    with pytest.raises(ValueError, match="checkpoint-20 is incomplete"):
+        checkpoint.check_resumable(tmp_path / "checkpoint-20", record)
+    checkpoint.check_resumable(tmp_path / "checkpoint-10", record)
+
+
+def test_resume_onto_another_topology_is_refused(tmp_path):
+    saved = {"world_size": 4, "shard_size": 2, "replicate_size": 2, "method": "flexdemo"}
+    _fake_checkpoint(tmp_path / "checkpoint-5", 5, True, saved)
+    now = {**saved, "shard_size": 4, "replicate_size": 1}
+    with pytest.raises(ValueError, match=r"different setup.*'shard_size': \(2, 4\)"):
+        checkpoint.check_resumable(tmp_path / "checkpoint-5", now)
+
+
+def test_one_process_trains_and_checkpoints(tmp_path):
+    args = _args(tmp_path, max_steps=6, per_device_train_batch_size=4, learning_rate=3e-3, logging_steps=3,
+                 save_steps=3, save_total_limit=1, lr_scheduler_type="constant")
+    trainer = FlexDeMoTrainer(model=tiny_t5(), args=args, train_dataset=reverse_task(64))
+    trainer.train()
+    assert trainer.topology == Topology(1, 1)
+    assert trainer.flexdemo_optimizer.comm_stats["bytes_sent"] == 0
+    assert [p.name for p in tmp_path.glob("checkpoint-*")] == ["checkpoint-6"]  # rotated after completion
+    assert json.loads((tmp_path / "checkpoint-6" / "flexdemo_complete.json").read_text()) == {"global_step": 6}
+    logs = [e for e in trainer.state.log_history if "loss" in e]
+    assert logs[-1]["loss"] < logs[0]["loss"]
+    assert "flexdemo/compression_ratio" not in logs[0]  # no inter-node traffic on one node
+    trainer.create_model_card(model_name="tiny")
+    card = (tmp_path / "README.md").read_text()
+    assert "## FlexDeMo training" in card and "1 node(s) x 1 process(es)" in card
