@@ -11,6 +11,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from .replicate import CommStats
+
 NONFINITE_ACTIONS = ("skip", "raise")
 DRIFT_ACTIONS = ("raise", "resync")
 
@@ -19,14 +21,21 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def nonfinite_ranks(tensors: list[Tensor], device: torch.device) -> list[int]:
-    """Ranks (of the whole job) holding a NaN/Inf in ``tensors``; the same list on every rank."""
+def nonfinite_ranks(tensors: list[Tensor], device: torch.device, stats: CommStats) -> list[int]:
+    """Ranks (of the whole job) holding a NaN/Inf in ``tensors``; the same list on every rank.
+
+    One 4-byte all-gather over all ranks (counted in ``stats.collectives``; its bytes are not
+    counted as payload): every rank must take the same decision, or the ranks that carry on would
+    wait forever for the ones that stopped.
+    """
     local = bool(tensors) and not bool(torch.stack(torch._foreach_norm(tensors)).isfinite().all())
     flag = torch.tensor([int(local)], dtype=torch.int32, device=device)
-    if not _distributed():
+    if not _distributed() or dist.get_world_size() == 1:
         return [0] if local else []
-    flags = flag.new_empty(dist.get_world_size())
+    world = dist.get_world_size()
+    flags = flag.new_empty(world)
     dist.all_gather_single(flags, flag)
+    stats.collectives += 1
     return [rank for rank, bad in enumerate(flags.tolist()) if bad]
 
 

@@ -7,11 +7,14 @@ FlexDeMo exchanges over. FSDP never communicates across nodes.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
+from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
@@ -21,6 +24,24 @@ MESH_DIMS = ("dp_replicate", "dp_shard")
 
 def default_device_type() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@contextlib.contextmanager
+def group_timeout(timeout: datetime.timedelta | None) -> Iterator[None]:
+    """Make process groups created inside (device-mesh sub-groups too) use ``timeout``.
+
+    ``new_group`` falls back to torch's module-level default (30 min for gloo, 10 for NCCL), not to
+    the world group's timeout, and ``init_device_mesh`` has no timeout argument.
+    """
+    if timeout is None:
+        yield
+        return
+    saved = c10d.default_pg_timeout, c10d.default_pg_nccl_timeout
+    c10d.default_pg_timeout = c10d.default_pg_nccl_timeout = timeout
+    try:
+        yield
+    finally:
+        c10d.default_pg_timeout, c10d.default_pg_nccl_timeout = saved
 
 
 def init_process_group(device_type: str, timeout: datetime.timedelta | None = None) -> None:
@@ -56,7 +77,8 @@ def build_hybrid_mesh(
     if shard_size is None:
         shard_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     validate_shard_size(shard_size, world_size)
-    return init_device_mesh(device_type, (world_size // shard_size, shard_size), mesh_dim_names=MESH_DIMS)
+    with group_timeout(timeout):
+        return init_device_mesh(device_type, (world_size // shard_size, shard_size), mesh_dim_names=MESH_DIMS)
 
 
 def block_classes(model: nn.Module) -> tuple[type[nn.Module], ...]:

@@ -188,7 +188,7 @@ class FlexDeMo(Optimizer):
         if self.drift_check_every and self._steps % self.drift_check_every == 0:
             self._check_drift()
         self._steps += 1
-        if not self._inputs_finite(buckets):
+        if not self._inputs_finite(buckets, stats):
             self.comm_stats = stats.as_dict()
             return loss
         for bucket in buckets:
@@ -203,14 +203,14 @@ class FlexDeMo(Optimizer):
         self.comm_stats = stats.as_dict()
         return loss
 
-    def _inputs_finite(self, buckets: list[_Bucket]) -> bool:
-        """Agree across all ranks, before anything is sent, whether a gradient or momentum is NaN/Inf."""
-        tensors = [t for b in buckets for t in (*b.grads, b.delta)]
-        device = tensors[0].device if tensors else torch.device("cpu")
-        bad = guards.nonfinite_ranks(tensors, device)
+    def _inputs_finite(self, buckets: list[_Bucket], stats: CommStats) -> bool:
+        """Agree across all ranks, before any state changes or anything is sent, whether a gradient is
+        NaN/Inf. Momentum stays finite by induction: it only ever accumulates checked gradients."""
+        grads = [g for b in buckets for g in b.grads]
+        bad = guards.nonfinite_ranks(grads, grads[0].device if grads else torch.device("cpu"), stats)
         if not bad:
             return True
-        message = f"FlexDeMo: non-finite gradient or momentum on rank(s) {bad}"
+        message = f"FlexDeMo: non-finite gradient on rank(s) {bad}"
         if self.on_nonfinite == "raise":
             raise FloatingPointError(message + " (on_nonfinite='raise').")
         warnings.warn(message + "; every rank skips this step (on_nonfinite='skip').", stacklevel=3)

@@ -16,6 +16,7 @@ import contextlib
 import os
 from collections.abc import Iterator
 from dataclasses import asdict
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ from . import checkpoint
 from .comm_metrics import CommMetricsCallback, unwrap_optimizer
 from .config import FlexDeMoConfig
 from .cpu_fsdp import enable_fsdp_on_cpu
-from .mesh import shard_model
+from .mesh import group_timeout, init_process_group, shard_model
 from .optimizer import FlexDeMo
 from .topology import Topology, parallelism_config
 
@@ -71,6 +72,7 @@ class FlexDeMoTrainer(Trainer):
         model = kwargs.get("model", args[0] if args else None)
         if training_args is None:
             raise ValueError("FlexDeMoTrainer needs args=TrainingArguments(...).")
+        self._init_distributed(training_args)
         self._check_arguments(training_args, kwargs)
         shard_size = 1 if self.flexdemo_config.method == "demo" else self.flexdemo_config.shard_size
         self.topology = Topology.resolve(training_args.world_size, shard_size)
@@ -82,6 +84,12 @@ class FlexDeMoTrainer(Trainer):
             self._shard_model()
         self.comm_metrics = CommMetricsCallback()
         self.add_callback(self.comm_metrics)
+
+    def _init_distributed(self, args: TrainingArguments) -> None:
+        """Create the world group with ``args.ddp_timeout`` (Transformers omits it on CPU)."""
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+            device_type = "cpu" if args.use_cpu or not torch.cuda.is_available() else "cuda"
+            init_process_group(device_type, timedelta(seconds=args.ddp_timeout))
 
     def _check_arguments(self, args: TrainingArguments, kwargs: dict[str, Any]) -> None:
         if args.fp16:
@@ -111,11 +119,12 @@ class FlexDeMoTrainer(Trainer):
         args.parallelism_config = None if self._fsdp_on_cpu else self._parallelism
 
     def create_accelerator_and_postprocess(self) -> None:
-        with _without_env(_LAUNCHER_ENV):
+        with _without_env(_LAUNCHER_ENV), group_timeout(timedelta(seconds=self.args.ddp_timeout)):
             super().create_accelerator_and_postprocess()
         if self._fsdp_on_cpu:
             plugin = FullyShardedDataParallelPlugin(**self.args.fsdp_plugin_args)
-            enable_fsdp_on_cpu(self.accelerator, plugin, self._parallelism)
+            with group_timeout(timedelta(seconds=self.args.ddp_timeout)):
+                enable_fsdp_on_cpu(self.accelerator, plugin, self._parallelism)
             self.is_fsdp_enabled = True
 
     def _shard_model(self) -> None:
