@@ -22,8 +22,20 @@ def free_port() -> int:
 def torchrun(script: str | Path, nproc: int, args: list[str], timeout: float = 300, env: dict | None = None,
              check: bool = True) -> subprocess.CompletedProcess:
     """``torchrun --nproc_per_node nproc script args`` on CPU; raises with the log if it fails."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-           "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(script), *args]
+    launcher = ["torch.distributed.run", "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1",
+                "--master_port", str(free_port())]
+    return launch(launcher, script, args, timeout, env, check)
+
+
+def accelerate_launch(config: Path, script: str | Path, args: list[str], timeout: float = 300) -> None:
+    """``accelerate launch --config_file config script args``; raises with the log if it fails."""
+    launcher = ["accelerate.commands.launch", "--config_file", str(config), "--main_process_port", str(free_port())]
+    launch(launcher, script, args, timeout)
+
+
+def launch(launcher: list[str], script: str | Path, args: list[str], timeout: float = 300, env: dict | None = None,
+           check: bool = True) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", *launcher, str(script), *args]
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", **(env or {})}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
     if check and proc.returncode != 0:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from launch import run_worker
+from launch import WORKERS, accelerate_launch, run_worker
 from trainer_worker import fixed_batch
 from transformers import AutoModelForSeq2SeqLM
 
@@ -97,3 +97,12 @@ def test_gradient_accumulation_matches_a_larger_batch(tmp_path):
     diff = torch.cat([(a[n] - b[n]).abs().flatten() for n in a])
     assert (diff > 1e-6).float().mean() < 0.01
     assert diff.max() <= 2 * 1e-3 * 3 + 1e-6
+
+
+def test_accelerate_launch_reads_the_topology_from_the_yaml(tmp_path):
+    config = WORKERS.parents[1] / "accelerate_configs" / "cpu_2x2.yaml"
+    args = ["--out", str(tmp_path), "--output_dir", str(tmp_path / "run"), "--steps", "5", "--shard_size", "0"]
+    accelerate_launch(config, WORKERS / "trainer_worker.py", args)
+    rank = torch.load(tmp_path / "rank0.pt", weights_only=False)
+    assert rank["topology"] == {"world_size": 4, "shard_size": 2, "replicate_size": 2} and rank["fsdp"]
+    assert rank["log_history"][0]["flexdemo/bytes_sent"] > 0

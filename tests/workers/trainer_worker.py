@@ -45,7 +45,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--save_steps", type=int, default=0)
     parser.add_argument("--resume", default=None)
-    parser.add_argument("--shard_size", type=int, default=2)
+    parser.add_argument("--shard_size", type=int, default=2, help="0: from the launcher")
     parser.add_argument("--bf16", action="store_true")
     parser.add_argument("--fp16", action="store_true")
     parser.add_argument("--final_save", action="store_true")
@@ -62,7 +62,7 @@ def main() -> None:
         dataloader_drop_last=True, disable_tqdm=True,
     )
     config = FlexDeMoConfig(method=args.method, compression_topk=args.topk, compression_chunk=8,
-                            shard_size=args.shard_size)
+                            shard_size=args.shard_size or None)
     model = tiny_t5()
     trainer = FlexDeMoTrainer(model=model, args=training_args, train_dataset=reverse_task(512),
                               flexdemo_config=config)

@@ -1,0 +1,317 @@
+"""Bandwidth benchmark: step time and inter-node traffic of HSDP+AdamW, DeMo and FlexDeMo on an emulated link.
+
+Two "nodes" of two CPU ranks each run in two network namespaces joined by a rate-limited veth pair
+(``emulated_link.py``; needs root and iproute2). For every link setting the driver launches one
+``torchrun`` per node inside its namespace (static rendezvous on node 0's veth address, gloo bound to the
+veth), and ``bandwidth_worker.py`` trains the same T5 on random tokens with each method in turn. The veth
+byte counters give the bytes that really crossed between the nodes; each method's own account (FlexDeMo's
+``comm_stats``, the HSDP all-reduce formula for AdamW) is recorded beside them.
+
+    python benchmarks/bandwidth.py --quick      # t5-tiny, well under 15 minutes on 2 cores
+    python benchmarks/bandwidth.py              # T5-small shape, roughly 1-1.5 h on 2 cores
+
+Writes ``benchmarks/results/bandwidth[_quick].json`` and a ``.png`` plot next to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import platform
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import transformers
+from bandwidth_worker import METHODS, MODEL_SHAPES, NODES, RANKS_PER_NODE
+from emulated_link import EmulatedLink
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+MASTER_PORT = 29500
+PRESETS = {
+    "quick": {
+        "model": "t5-tiny", "batch_size": 4, "src_len": 32, "tgt_len": 32, "warmup_steps": 2, "steps": 15,
+        "method_budget_s": 20.0, "links": [10.0, 100.0, 1000.0, None], "launch_timeout_s": 300.0,
+    },
+    "full": {
+        "model": "t5-small", "batch_size": 8, "src_len": 64, "tgt_len": 64, "warmup_steps": 2, "steps": 10,
+        "method_budget_s": 300.0, "links": [10.0, 100.0, 1000.0, None], "launch_timeout_s": 3600.0,
+    },
+}
+
+
+def link_rate(text: str) -> float | None:
+    """A link setting from the command line: a rate in Mbit/s, or ``unlimited``."""
+    if text == "unlimited":
+        return None
+    try:
+        rate = float(text)
+    except ValueError:
+        rate = -1.0
+    if rate <= 0:
+        raise argparse.ArgumentTypeError(f"--links takes rates > 0 in Mbit/s or 'unlimited', got {text!r}")
+    return rate
+
+
+def link_label(rate: float | None) -> str:
+    return "unlimited" if rate is None else f"{rate:g} Mbit/s"
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="small model and budget (minutes on 2 cores)")
+    parser.add_argument("--links", nargs="+", type=link_rate, help="Mbit/s values or 'unlimited'")
+    parser.add_argument("--latency-ms", type=float, default=0.0, help="one-way netem delay on each end")
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    parser.add_argument("--model", choices=sorted(MODEL_SHAPES))
+    parser.add_argument("--batch-size", type=int, help="sequences per rank per step")
+    parser.add_argument("--src-len", type=int)
+    parser.add_argument("--tgt-len", type=int)
+    parser.add_argument("--warmup-steps", type=int)
+    parser.add_argument("--steps", type=int, help="timed steps per method (fewer if over --method-budget-s)")
+    parser.add_argument("--method-budget-s", type=float, help="timed seconds per method and link, planned "
+                        "from the last warm-up step; the steps actually timed are recorded")
+    parser.add_argument("--launch-timeout-s", type=float, help="kill a link's run after this many seconds")
+    parser.add_argument("--out", type=Path, help="default: benchmarks/results/bandwidth[_quick].json")
+    args = parser.parse_args()
+    for key, value in PRESETS["quick" if args.quick else "full"].items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.out is None:
+        args.out = HERE / "results" / ("bandwidth_quick.json" if args.quick else "bandwidth.json")
+    if args.latency_ms < 0:
+        parser.error(f"--latency-ms must be >= 0, got {args.latency_ms}")
+    return args
+
+
+def worker_command(args: argparse.Namespace, link: EmulatedLink, node: int, out: Path) -> list[str]:
+    torchrun = [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes", str(NODES), "--node_rank", str(node),
+        "--nproc_per_node", str(RANKS_PER_NODE), "--rdzv_backend", "static",
+        "--master_addr", link.addresses[0], "--master_port", str(MASTER_PORT),
+    ]
+    worker = [
+        str(HERE / "bandwidth_worker.py"), "--methods", *args.methods, "--model", args.model,
+        "--batch-size", str(args.batch_size), "--src-len", str(args.src_len), "--tgt-len", str(args.tgt_len),
+        "--warmup-steps", str(args.warmup_steps), "--steps", str(args.steps),
+        "--method-budget-s", str(args.method_budget_s), "--iface", link.interfaces[node], "--out", str(out),
+    ]
+    return link.command(node, [*torchrun, *worker])
+
+
+def stop(processes: list[subprocess.Popen]) -> None:
+    """SIGTERM each launcher's process group, then SIGKILL what is left after a grace period."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        alive = [p for p in processes if p.poll() is None]
+        for process in alive:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, sig)
+        deadline = time.monotonic() + 10
+        while any(p.poll() is None for p in alive) and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+
+def launch(args: argparse.Namespace, link: EmulatedLink, node: int, out: Path, log: Path) -> subprocess.Popen:
+    """Start node ``node``'s launcher in its namespace, gloo bound to its veth, output to ``log``."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": link.interfaces[node]}
+    with open(log, "w") as handle:
+        return subprocess.Popen(
+            worker_command(args, link, node, out), env=env, stdout=handle, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def run_link(args: argparse.Namespace, rate: float | None, scratch: Path) -> dict[str, object]:
+    """Set the link up, run both nodes' launchers in it, and return the workers' results."""
+    tag = "unlimited" if rate is None else f"{rate:g}mbit"
+    out = scratch / f"{tag}.json"
+    logs = [scratch / f"{tag}-node{node}.log" for node in range(NODES)]
+    with EmulatedLink(rate, args.latency_ms) as link:
+        before = link.counters(0)
+        start = time.monotonic()
+        processes: list[subprocess.Popen] = []
+        try:
+            processes += [launch(args, link, node, out, log) for node, log in enumerate(logs)]
+            deadline = start + args.launch_timeout_s
+            while any(p.poll() is None for p in processes) and time.monotonic() < deadline:
+                time.sleep(1)
+        finally:
+            timed_out = any(p.poll() is None for p in processes)
+            stop(processes)
+        failed = any(p.returncode != 0 for p in processes)
+        record = {
+            "link": link.describe(),
+            "status": "timeout" if timed_out else "failed" if failed else "ok",
+            "returncodes": [p.returncode for p in processes],
+            "launch_seconds": time.monotonic() - start,
+            "link_bytes_whole_launch": link.counters(0).total - before.total,
+        }
+    if record["status"] != "ok":
+        record["log_tails"] = [log.read_text()[-3000:] for log in logs]
+    record.update(json.loads(out.read_text()) if out.exists() else {"probe": None, "methods": {}})
+    return record
+
+
+def tokens_per_step(args: argparse.Namespace) -> int:
+    """Source + target tokens of one step over all ranks."""
+    return NODES * RANKS_PER_NODE * args.batch_size * (args.src_len + args.tgt_len)
+
+
+def rows(args: argparse.Namespace, runs: list[dict[str, object]]) -> list[dict[str, object]]:
+    """One row per link and method: step time, throughput, traffic measured and reported, overhead."""
+    tokens = tokens_per_step(args)
+    table = []
+    for run in runs:
+        methods = run["methods"]
+        reference = methods.get("compute_only", {}).get("median_step_seconds")
+        for method, result in methods.items():
+            row = {"link_mbit": run["link"]["rate_mbit"], "method": method}
+            if "error" in result:
+                table.append({**row, "error": result["error"]})
+                continue
+            step = result["median_step_seconds"]
+            reported = result["reported_bytes_per_step"]
+            table.append({
+                **row,
+                "median_step_seconds": step,
+                "tokens_per_second": tokens / step,
+                "link_bytes_per_step": result["link_bytes_per_step"],
+                "reported_bytes_per_step": reported,
+                "link_over_reported": result["link_bytes_per_step"] / reported if reported else None,
+                "step_over_compute_only": step / reference if reference else None,
+                "steps_timed": result["steps_timed"],
+                "steps_requested": result["steps_requested"],
+            })
+    return table
+
+
+def machine() -> dict[str, object]:
+    with open("/proc/cpuinfo") as handle:
+        models = [line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")]
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain"], capture_output=True, text=True)
+    return {
+        "nproc": os.cpu_count(),
+        "cpu_model": models[0] if models else platform.processor(),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "git_commit": commit.stdout.strip() or None,
+        "git_dirty": bool(dirty.stdout.strip()),
+    }
+
+
+def plot(table: list[dict[str, object]], path: Path) -> None:
+    """Median step time against link rate per method (log-log); 'unlimited' sits at 10x the top rate."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    finite = sorted({r["link_mbit"] for r in table if r["link_mbit"] is not None}) or [1000.0]
+    unlimited_x = finite[-1] * 10
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for method in dict.fromkeys(r["method"] for r in table):
+        points = sorted(
+            (unlimited_x if r["link_mbit"] is None else r["link_mbit"], r["median_step_seconds"])
+            for r in table if r["method"] == method and "median_step_seconds" in r
+        )
+        if points:
+            axes.plot(*zip(*points, strict=True), marker="o", label=method)
+    ticks = [*finite, unlimited_x]
+    axes.set_xscale("log")
+    axes.set_yscale("log")
+    axes.set_xticks(ticks, [*(f"{t:g}" for t in finite), "unlimited"])
+    axes.set_xlabel("inter-node link (Mbit/s each way)")
+    axes.set_ylabel("median step time (s)")
+    axes.set_title("Step time vs inter-node bandwidth (2 nodes x 2 CPU ranks)")
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def print_table(table: list[dict[str, object]]) -> None:
+    """The rows as a Markdown table on stdout."""
+    columns = ["link", "method", "median step s", "tokens/s", "link B/step", "reported B/step",
+               "link/reported", "step/compute-only", "steps"]
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
+    for r in table:
+        cells = [link_label(r["link_mbit"]), r["method"]]
+        if "error" in r:
+            cells.append(f"error: {r['error']}")
+        else:
+            ratio, overhead = r["link_over_reported"], r["step_over_compute_only"]
+            cells += [
+                f"{r['median_step_seconds']:.3f}", f"{r['tokens_per_second']:.0f}",
+                f"{r['link_bytes_per_step']:.4g}", f"{r['reported_bytes_per_step']:.4g}",
+                "-" if ratio is None else f"{ratio:.2f}", "-" if overhead is None else f"{overhead:.2f}",
+                f"{r['steps_timed']}/{r['steps_requested']}",
+            ]
+        print("| " + " | ".join(cells) + " |")
+
+
+def print_probe(probe: dict[str, float]) -> None:
+    """The link check: a plain all-reduce across the link, and one inside each node (should not cross)."""
+    print(f"[bandwidth]   {probe['payload_bytes'] / 1e6:g} MB all-reduce across the link: "
+          f"{probe['cross_node_allreduce_seconds']:.3f} s, "
+          f"goodput {probe['cross_node_goodput_mbit_per_s']:.1f} Mbit/s; "
+          f"inside each node: {probe['intra_node_link_bytes']} B on the link "
+          f"(a bare barrier: {probe['barrier_link_bytes']} B)", flush=True)
+
+
+def main() -> None:
+    args = parse_args()
+    started = datetime.datetime.now(datetime.timezone.utc)
+    clock = time.monotonic()
+    load_at_start = os.getloadavg()  # other jobs on the machine slow the ranks down
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="fdm-bandwidth-") as scratch:
+        for rate in args.links:
+            print(f"[bandwidth] link {link_label(rate)} ...", flush=True)
+            run = run_link(args, rate, Path(scratch))
+            runs.append(run)
+            print(f"[bandwidth] link {link_label(rate)}: {run['status']} in {run['launch_seconds']:.0f} s",
+                  flush=True)
+            if run["probe"]:
+                print_probe(run["probe"])
+    table = rows(args, runs)
+    settings = {k: v for k, v in vars(args).items() if k not in ("out", "quick")}
+    report = {
+        "command": shlex.join(sys.orig_argv),
+        "preset": "quick" if args.quick else "full",
+        "started_at": started.isoformat(timespec="seconds"),
+        "duration_seconds": time.monotonic() - clock,
+        "loadavg_at_start": load_at_start,
+        "loadavg_at_end": os.getloadavg(),
+        "machine": machine(),
+        "settings": settings,
+        "model_shape": MODEL_SHAPES[args.model],
+        "tokens_per_step": tokens_per_step(args),
+        "rows": table,
+        "runs": runs,
+    }
+    args.out.write_text(json.dumps(report, indent=2))
+    plot(table, args.out.with_suffix(".png"))
+    print_table(table)
+    print(f"[bandwidth] wrote {args.out} and {args.out.with_suffix('.png')} "
+          f"in {report['duration_seconds']:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()

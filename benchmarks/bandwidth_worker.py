@@ -1,0 +1,259 @@
+"""One rank of the bandwidth benchmark (launched by ``bandwidth.py`` with ``torchrun``, 2 nodes x 2 ranks).
+
+Probes the link with a plain gloo all-reduce, then trains the same T5 on random tokens with each method in
+turn: warm-up steps, then timed steps. Global rank 0 sits on node 0 and reads node 0's end of the veth
+pair, whose counters hold every byte that crossed between the nodes; it writes the results as JSON after
+every method, so a run cut short keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import os
+import statistics
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import torch
+import torch.distributed as dist
+from emulated_link import read_counters
+from torch import nn
+from transformers import T5Config, T5ForConditionalGeneration
+
+from hf_flexdemo import FlexDeMo, build_hybrid_mesh, shard_model
+from hf_flexdemo.replicate import dense_allreduce_bytes
+
+METHODS = ("adamw", "demo", "flexdemo", "flexdemo_full", "compute_only")
+MODEL_SHAPES = {
+    "t5-small": {"d_model": 512, "d_ff": 2048, "d_kv": 64, "num_layers": 6, "num_heads": 8,
+                 "vocab_size": 32128},
+    "t5-tiny": {"d_model": 128, "d_ff": 512, "d_kv": 32, "num_layers": 2, "num_heads": 4, "vocab_size": 4096},
+}
+NODES = 2
+RANKS_PER_NODE = 2
+T = TypeVar("T")
+
+
+@dataclass
+class Setup:
+    """A method ready to train: the (possibly sharded) model, its optimizer, and its own traffic count.
+
+    ``reported_bytes`` returns the inter-node bytes this rank put on the wire in the last step, as the
+    method itself accounts them (FlexDeMo's ``comm_stats``, or the FSDP all-reduce formula for AdamW).
+    """
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    reported_bytes: Callable[[], float]
+    source: str
+
+
+def build_model(shape: str, seed: int) -> nn.Module:
+    """The T5 of ``shape`` from config (no download), identically initialised on every rank."""
+    torch.manual_seed(seed)
+    config = T5Config(**MODEL_SHAPES[shape], dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0)
+    return T5ForConditionalGeneration(config)
+
+
+def random_batches(shape: str, args: argparse.Namespace, count: int = 4) -> list[dict[str, torch.Tensor]]:
+    """Fixed-shape random-token batches, different on every rank (data parallel)."""
+    vocab = MODEL_SHAPES[shape]["vocab_size"]
+    generator = torch.Generator().manual_seed(args.seed * 1000 + dist.get_rank())
+    return [
+        {
+            "input_ids": torch.randint(0, vocab, (args.batch_size, args.src_len), generator=generator),
+            "labels": torch.randint(0, vocab, (args.batch_size, args.tgt_len), generator=generator),
+        }
+        for _ in range(count)
+    ]
+
+
+def setup_adamw(model: nn.Module, args: argparse.Namespace) -> Setup:
+    """Stock HSDP + ``torch.optim.AdamW``: FSDP all-reduces the gradient shards across the nodes."""
+    shard_model(model, build_hybrid_mesh(shard_size=RANKS_PER_NODE), hsdp=True)
+    # FSDP2's HSDP all-reduces each rank's fp32 gradient shard over the replicas (padding ignored).
+    per_step = dense_allreduce_bytes(sum(p.to_local().numel() for p in model.parameters()), NODES)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    return Setup(model, optimizer, lambda: per_step, "ring all-reduce formula 2*(R-1)/R*numel_local*4")
+
+
+def setup_flexdemo(model: nn.Module, args: argparse.Namespace, method: str) -> Setup:
+    """FlexDeMo as ``method`` asks: DeMo (no FSDP, every rank a node), FSDP inside the node with top-k or
+    dense exchange across, or no exchange at all (the compute-only reference)."""
+    compression = {"compression_topk": args.compression_topk, "compression_chunk": args.compression_chunk}
+    if method == "demo":
+        optimizer = FlexDeMo(model.parameters(), lr=args.lr, replicate_group=dist.group.WORLD, **compression)
+    else:
+        mesh = build_hybrid_mesh(shard_size=RANKS_PER_NODE)
+        check_node_local(mesh["dp_shard"].get_group())
+        shard_model(model, mesh)
+        if method == "compute_only":
+            exchange = {"replicate_group": None, "replicator": "none"}
+        else:
+            replicator = "full" if method == "flexdemo_full" else "demo"
+            exchange = {"replicate_group": mesh["dp_replicate"].get_group(), "replicator": replicator}
+        optimizer = FlexDeMo(model.parameters(), lr=args.lr, **compression, **exchange)
+    return Setup(
+        model, optimizer, lambda: optimizer.comm_stats["bytes_sent"], "FlexDeMo.comm_stats['bytes_sent']"
+    )
+
+
+def check_node_local(group: dist.ProcessGroup) -> None:
+    """Raise unless every rank of ``group`` is on this rank's node (FSDP must not cross the link)."""
+    nodes = {rank // RANKS_PER_NODE for rank in dist.get_process_group_ranks(group)}
+    if nodes != {dist.get_rank() // RANKS_PER_NODE}:
+        raise RuntimeError(f"shard group spans nodes {sorted(nodes)}; expected node-major rank layout")
+
+
+def train_step(setup: Setup, batch: dict[str, torch.Tensor]) -> float:
+    """One optimizer step on ``batch``; returns the loss."""
+    setup.optimizer.zero_grad(set_to_none=True)
+    loss = setup.model(**batch).loss
+    loss.backward()
+    setup.optimizer.step()
+    return loss.item()
+
+
+def measured(action: Callable[[], T], interface: str) -> tuple[T, float, int]:
+    """``action``'s result, its seconds on this rank, and the link bytes (this node's veth) it moved.
+
+    The counters are read between two barriers, so the closing barrier's few hundred bytes are included.
+    """
+    dist.barrier()
+    before = read_counters(interface)
+    start = time.perf_counter()
+    value = action()
+    seconds = time.perf_counter() - start
+    dist.barrier()
+    return value, seconds, read_counters(interface).total - before.total
+
+
+def probe_link(args: argparse.Namespace) -> dict[str, float]:
+    """A plain gloo all-reduce across the link and one inside each node, with the veth bytes of each.
+
+    A 2-rank ring all-reduce sends the whole payload each way: goodput = payload / seconds. The link
+    rate counts every byte on the veth (TCP/IP headers, ACKs, the closing barrier).
+    """
+    cross = dist.new_group([0, RANKS_PER_NODE])
+    nodes = [dist.new_group(list(range(n * RANKS_PER_NODE, (n + 1) * RANKS_PER_NODE))) for n in range(NODES)]
+    payload = torch.ones(int(args.probe_mb * 1e6 / 4))
+    payload_bytes = payload.numel() * 4
+    _, _, barrier_bytes = measured(lambda: None, args.iface)
+    on_cross = dist.get_rank() % RANKS_PER_NODE == 0
+    _, cross_seconds, cross_bytes = measured(
+        lambda: dist.all_reduce(payload, group=cross) if on_cross else None, args.iface
+    )
+    own_node = nodes[dist.get_rank() // RANKS_PER_NODE]
+    _, intra_seconds, intra_bytes = measured(lambda: dist.all_reduce(payload, group=own_node), args.iface)
+    return {
+        "payload_bytes": payload_bytes,
+        "barrier_link_bytes": barrier_bytes,
+        "cross_node_allreduce_seconds": cross_seconds,
+        "cross_node_link_bytes": cross_bytes,
+        "cross_node_link_mbit_per_s_each_way": cross_bytes / 2 * 8 / cross_seconds / 1e6,
+        "cross_node_goodput_mbit_per_s": payload_bytes * 8 / cross_seconds / 1e6,
+        "intra_node_allreduce_seconds": intra_seconds,
+        "intra_node_link_bytes": intra_bytes,
+    }
+
+
+def timed_steps(setup: Setup, batches: list[dict[str, torch.Tensor]], steps: int) -> dict[str, list[float]]:
+    """Per step: seconds on this rank, loss, and the inter-node bytes the method reports for this rank."""
+    record: dict[str, list[float]] = {"seconds": [], "loss": [], "reported_bytes": []}
+    for step in range(steps):
+        start = time.perf_counter()
+        loss = train_step(setup, batches[step % len(batches)])
+        record["seconds"].append(time.perf_counter() - start)
+        record["loss"].append(loss)
+        record["reported_bytes"].append(setup.reported_bytes())
+    return record
+
+
+def run_method(method: str, args: argparse.Namespace) -> dict[str, object]:
+    """Warm up, plan the timed steps within the budget, time them, and account the traffic."""
+    model = build_model(args.model, args.seed)
+    numel = sum(p.numel() for p in model.parameters())
+    setup = setup_adamw(model, args) if method == "adamw" else setup_flexdemo(model, args, method)
+    batches = random_batches(args.model, args)
+    warmup = [timed_steps(setup, batches, 1)["seconds"][0] for _ in range(args.warmup_steps)]
+    steps = args.steps
+    if warmup:
+        slowest = torch.tensor([warmup[-1]])
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # every rank plans the same number of steps
+        steps = max(1, min(args.steps, int(args.method_budget_s // slowest.item())))
+    record, wall, link_bytes = measured(lambda: timed_steps(setup, batches, steps), args.iface)
+    reported = torch.tensor([sum(record["reported_bytes"])], dtype=torch.float64)
+    dist.all_reduce(reported)
+    return {
+        "params": numel,
+        "warmup_step_seconds": warmup,
+        "steps_requested": args.steps,
+        "steps_timed": steps,
+        "step_seconds": record["seconds"],
+        "median_step_seconds": statistics.median(record["seconds"]),
+        "timed_wall_seconds": wall,
+        "link_bytes_per_step": link_bytes / steps,
+        "reported_bytes_per_step": reported.item() / steps,
+        "reported_bytes_source": setup.source,
+        "loss_first": record["loss"][0],
+        "loss_last": record["loss"][-1],
+    }
+
+
+def write_json(path: str, payload: dict[str, object]) -> None:
+    """Write atomically, so the driver never reads half a file."""
+    partial = f"{path}.partial"
+    with open(partial, "w") as handle:
+        json.dump(payload, handle, indent=2)
+    os.replace(partial, path)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--methods", nargs="+", choices=METHODS, required=True)
+    parser.add_argument("--model", choices=sorted(MODEL_SHAPES), required=True)
+    for option in ("--batch-size", "--src-len", "--tgt-len", "--warmup-steps", "--steps"):
+        parser.add_argument(option, type=int, required=True)
+    parser.add_argument("--method-budget-s", type=float, required=True)
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--compression-topk", type=int, default=4)
+    parser.add_argument("--compression-chunk", type=int, default=64)
+    parser.add_argument("--probe-mb", type=float, default=10.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--collective-timeout-s", type=float, default=1800.0)
+    parser.add_argument("--iface", required=True, help="this node's end of the veth pair")
+    parser.add_argument("--out", required=True, help="JSON file written by global rank 0")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.collective_timeout_s))
+    ranks = (dist.get_world_size(), int(os.environ["LOCAL_WORLD_SIZE"]))
+    if ranks != (NODES * RANKS_PER_NODE, RANKS_PER_NODE):
+        raise RuntimeError(f"expected {NODES} nodes x {RANKS_PER_NODE} ranks, got (world, per node) {ranks}")
+    results: dict[str, object] = {"worker_args": vars(args), "probe": probe_link(args), "methods": {}}
+    for method in args.methods:
+        try:
+            results["methods"][method] = run_method(method, args)
+        except Exception as error:  # recorded, and the next method still runs
+            where = traceback.extract_tb(error.__traceback__)[-1]
+            results["methods"][method] = {
+                "error": f"{type(error).__name__}: {error} ({where.filename}:{where.lineno})"
+            }
+        gc.collect()  # the last method's FSDP model and optimizer hold reference cycles
+        dist.barrier()
+        if dist.get_rank() == 0:
+            write_json(args.out, results)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

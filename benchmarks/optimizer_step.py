@@ -1,0 +1,311 @@
+"""Optimizer-step benchmark (issue #2): ``step()`` time and wire bytes of FlexDeMo, AdamW and the reference DeMo.
+
+One run launches ``torchrun --standalone --nproc_per_node 2`` on CPU/gloo (``OMP_NUM_THREADS=1`` per rank, every
+``MALLOC_*`` variable left as the caller has it), builds a T5 from its config (no download), puts fixed random
+gradients (seeded per rank) on its parameters and times ``optimizer.step()`` alone, after warm-up steps and a
+barrier before each step. A step's time is the slowest rank's. Methods, in this order:
+
+* ``adamw``: ``torch.optim.AdamW`` with torch's defaults, local (no communication);
+* ``flexdemo``: ``FlexDeMo`` (sign, top-k 4, chunk 64, bf16 values), plain tensors, the 2 ranks are 2 replicas
+  (shard size 1, replicate group = world: DDP style);
+* ``reference``: PyPI ``detonation`` 0.5.2, ``DeToSGD`` + ``DeMoReplicator`` (top-k 4, chunk 64) in DDP mode
+  (a size-1 sharding group per rank, replication group = world);
+* ``flexdemo_sharded``: ``FlexDeMo`` on FSDP2 shards (``build_hybrid_mesh(shard_size=2)``, one node: no exchange).
+
+    python benchmarks/optimizer_step.py                              # T5-small shape (60.5 M), a few minutes
+    python benchmarks/optimizer_step.py --model tiny --steps 3       # smoke, seconds
+
+Prints a table (median and IQR step seconds, ratio to AdamW, bytes each rank sends per step, kept coefficients per
+step, bytes per kept coefficient), the ratios FlexDeMo/AdamW, reference/AdamW, reference/FlexDeMo, and whether
+issue #2's targets are met (FlexDeMo step <= 2x AdamW, <= 4 bytes per kept coefficient). Writes all of it, the
+per-step times, the machine and the exact command to ``benchmarks/results/optimizer_step[_tiny].json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import types
+from collections.abc import Callable, Iterator
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torch.distributed.tensor import DTensor
+from transformers import T5Config, T5ForConditionalGeneration
+
+from hf_flexdemo import FlexDeMo, build_hybrid_mesh, shard_model
+
+HERE = Path(__file__).resolve().parent
+NPROC = 2
+LR = 1e-3
+TOPK, CHUNK = 4, 64
+MODELS = {
+    "t5-small": {"d_model": 512, "d_ff": 2048, "d_kv": 64, "num_layers": 6, "num_heads": 8, "vocab_size": 32128},
+    "tiny": {"d_model": 128, "d_ff": 512, "d_kv": 32, "num_layers": 2, "num_heads": 4, "vocab_size": 4096},
+}
+METHODS = ("adamw", "flexdemo", "reference", "flexdemo_sharded")
+TARGET_STEP_RATIO, TARGET_BYTES_PER_COEFFICIENT = 2.0, 4.0
+
+
+def import_reference() -> tuple[type, type, list[str]]:
+    """``DeToSGD``, ``DeMoReplicator`` and the patches needed to import them (none to their code)."""
+    patches = []
+    try:
+        import mltiming  # noqa: F401
+    except ModuleNotFoundError:
+
+        def timing(*args: Any, **kwargs: Any) -> None:
+            raise RuntimeError("detonation called mltiming.timing, which the benchmark's stub cannot stand in for")
+
+        sys.modules["mltiming"] = types.ModuleType("mltiming")
+        sys.modules["mltiming"].timing = timing  # type: ignore[attr-defined]
+        patches.append(
+            "sys.modules['mltiming'] stub: detonation.repl.demo_replicator imports mltiming.timing (an optional extra"
+            " of detonation, not installed) and never calls it; the stub raises if it is called"
+        )
+    from detonation import DeMoReplicator, DeToSGD
+
+    return DeToSGD, DeMoReplicator, patches
+
+
+@contextlib.contextmanager
+def counting_all_gathers(sent: dict[str, Any]) -> Iterator[None]:
+    """Count what goes through ``dist.all_gather`` (the reference's only collective): a ring all-gather over R
+    ranks puts ``(R - 1) * nbytes`` of each rank's input on its link, as ``FlexDeMo.comm_stats`` counts."""
+    original = dist.all_gather
+
+    def all_gather(tensor_list: list[Tensor], tensor: Tensor, *args: Any, **kwargs: Any) -> Any:
+        sent["bytes_sent"] += (len(tensor_list) - 1) * tensor.nbytes
+        sent["collectives"] += 1
+        sent["peers"] = len(tensor_list) - 1
+        sent["dtypes"][str(tensor.dtype)] = sent["dtypes"].get(str(tensor.dtype), 0) + tensor.numel()
+        if tensor.is_floating_point():
+            sent["coefficients"] += tensor.numel()
+        return original(tensor_list, tensor, *args, **kwargs)
+
+    dist.all_gather = all_gather
+    try:
+        yield
+    finally:
+        dist.all_gather = original
+
+
+def random_grad(param: Tensor, generator: torch.Generator) -> Tensor:
+    """A fixed random gradient shaped like ``param`` (a ``DTensor`` like it for FSDP2 shards)."""
+    if isinstance(param, DTensor):
+        local = torch.randn(param.to_local().shape, generator=generator)
+        return DTensor.from_local(local, param.device_mesh, param.placements, shape=param.shape, stride=param.stride())
+    return torch.randn(param.shape, generator=generator)
+
+
+def measure(method: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Warm up, then time ``args.steps`` optimizer steps of ``method``; this rank's times and traffic."""
+    torch.manual_seed(0)
+    model = T5ForConditionalGeneration(T5Config(**MODELS[args.model]))
+    if method == "flexdemo_sharded":
+        shard_model(model, build_hybrid_mesh(shard_size=NPROC))
+    params = [p for p in model.parameters() if p.requires_grad]
+    generator = torch.Generator().manual_seed(1000 + dist.get_rank())
+    grads = [random_grad(p, generator) for p in params]
+    patches: list[str] = []
+    sent: dict[str, Any] = {"bytes_sent": 0, "collectives": 0, "coefficients": 0, "peers": 0, "dtypes": {}}
+    if method == "adamw":
+        optimizer: torch.optim.Optimizer = torch.optim.AdamW(params, lr=LR)
+    elif method == "reference":
+        de_to_sgd, demo_replicator, patches = import_reference()
+        sharding_group, _ = dist.new_subgroups(group_size=1)
+        replicator = demo_replicator(compression_topk=TOPK, compression_chunk=CHUNK)
+        optimizer = de_to_sgd(params, lr=LR, replicator=replicator, sharding_parallel_group=sharding_group,
+                              replication_parallel_group=dist.group.WORLD)
+    else:
+        group = dist.group.WORLD if method == "flexdemo" else None
+        optimizer = FlexDeMo(params, lr=LR, replicate_group=group, compression_topk=TOPK, compression_chunk=CHUNK)
+    times = []
+    for step in range(args.warmup + args.steps):
+        for param, grad in zip(params, grads):
+            param.grad = grad  # the reference replaces .grad by its update: put the same gradient back
+        counting = counting_all_gathers(sent) if method == "reference" and step == 0 else contextlib.nullcontext()
+        dist.barrier()
+        with counting:
+            start = time.perf_counter()
+            optimizer.step()
+            elapsed = time.perf_counter() - start
+        if step >= args.warmup:
+            times.append(elapsed)
+    if method.startswith("flexdemo"):
+        stats = optimizer.comm_stats
+        sent = {key: stats[key] for key in ("bytes_sent", "collectives", "coefficients")}
+        sent["peers"] = NPROC - 1 if method == "flexdemo" else 0
+    elif method == "reference":
+        sent["replicator_data_transmitted_per_peer"] = replicator.data_transmitted[0]
+    numel = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in params)
+    return {"seconds": times, "traffic": sent, "local_numel": numel, "patches": patches}
+
+
+def worker(args: argparse.Namespace) -> None:
+    """One rank: measure every method, rank 0 writes all ranks' results to ``args.worker``."""
+    dist.init_process_group("gloo")
+    results = {}
+    for method in METHODS:
+        mine = measure(method, args)
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, mine)
+        results[method] = gathered
+    if dist.get_rank() == 0:
+        Path(args.worker).write_text(json.dumps(results))
+    dist.destroy_process_group()
+
+
+def summarize(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median and IQR of the per-step slowest-rank time, and rank 0's traffic (with every rank's bytes)."""
+    seconds = [max(ranks) for ranks in zip(*(r["seconds"] for r in per_rank))]
+    q1, median, q3 = statistics.quantiles(seconds, n=4, method="inclusive")
+    traffic = per_rank[0]["traffic"]
+    payload = traffic["bytes_sent"] / traffic["peers"] if traffic["peers"] else None
+    return {
+        "median_s": median,
+        "iqr_s": q3 - q1,
+        "step_seconds": seconds,
+        "step_seconds_per_rank": [r["seconds"] for r in per_rank],
+        "bytes_sent_per_rank": [r["traffic"]["bytes_sent"] for r in per_rank],
+        "coefficients": traffic["coefficients"],
+        "bytes_per_coefficient": payload / traffic["coefficients"] if payload and traffic["coefficients"] else None,
+        "traffic_rank0": traffic,
+        "local_numel_per_rank": [r["local_numel"] for r in per_rank],
+    }
+
+
+def table(methods: dict[str, dict[str, Any]]) -> str:
+    head = f"{'method':<17} {'median s':>9} {'IQR s':>8} {'/AdamW':>7} {'B sent/rank':>12} {'kept coef':>10} "
+    lines = [head + f"{'B/coef':>6} {'colls':>6}"]
+    for name, m in methods.items():
+        per_coefficient = "-" if m["bytes_per_coefficient"] is None else f"{m['bytes_per_coefficient']:.2f}"
+        lines.append(
+            f"{name:<17} {m['median_s']:>9.4f} {m['iqr_s']:>8.4f} {m['median_s'] / methods['adamw']['median_s']:>7.2f}"
+            f" {m['bytes_sent_per_rank'][0]:>12,} {m['coefficients']:>10,} {per_coefficient:>6}"
+            f" {m['traffic_rank0']['collectives']:>6}"
+        )
+    return "\n".join(lines)
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+def git(*argv: str) -> str:
+    return subprocess.run(["git", *argv], cwd=HERE.parent, capture_output=True, text=True).stdout.strip()
+
+
+def driver(args: argparse.Namespace) -> None:
+    """Launch the ranks, then report and write the results."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    started, load_start = time.time(), os.getloadavg()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "ranks.json"
+        launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(NPROC),
+                  __file__, "--model", args.model, "--steps", str(args.steps), "--warmup", str(args.warmup),
+                  "--worker", str(out)]
+        subprocess.run(launch, env=env, check=True)
+        ranks = json.loads(out.read_text())
+    methods = {name: summarize(ranks[name]) for name in METHODS}
+    step = {name: m["median_s"] for name, m in methods.items()}
+    ratios = {
+        "flexdemo/adamw": step["flexdemo"] / step["adamw"],
+        "reference/adamw": step["reference"] / step["adamw"],
+        "reference/flexdemo": step["reference"] / step["flexdemo"],
+        "flexdemo_sharded/adamw": step["flexdemo_sharded"] / step["adamw"],
+    }
+    per_coefficient = methods["flexdemo"]["bytes_per_coefficient"]
+    targets = {
+        "flexdemo_step_le_2x_adamw": {"value": ratios["flexdemo/adamw"], "target": TARGET_STEP_RATIO,
+                                      "met": ratios["flexdemo/adamw"] <= TARGET_STEP_RATIO},
+        "flexdemo_bytes_per_coefficient_le_4": {"value": per_coefficient, "target": TARGET_BYTES_PER_COEFFICIENT,
+                                                "met": per_coefficient <= TARGET_BYTES_PER_COEFFICIENT},
+    }
+    report = {
+        "command": shlex.join([sys.executable, *sys.argv]),
+        "torchrun_command": shlex.join(launch[:-2]),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "duration_s": time.time() - started,
+        "git_commit": git("rev-parse", "HEAD"),
+        "git_status": git("status", "--porcelain", "--", "hf_flexdemo", "benchmarks/optimizer_step.py").splitlines(),
+        "nproc": os.cpu_count(),
+        "nproc_per_node": NPROC,
+        "omp_num_threads_per_rank": 1,
+        "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
+        "cpu_model": cpu_model(),
+        "loadavg_start": load_start,
+        "loadavg_end": os.getloadavg(),
+        "torch_version": torch.__version__,
+        "transformers_version": version("transformers"),
+        "detonation_version": version("detonation"),
+        "model": args.model,
+        "model_config": MODELS[args.model],
+        "model_numel": methods["adamw"]["local_numel_per_rank"][0],
+        "warmup_steps": args.warmup,
+        "timed_steps": args.steps,
+        "settings": {"lr": LR, "compression_topk": TOPK, "compression_chunk": CHUNK, "flexdemo_update": "sign",
+                     "flexdemo_value_dtype": "bfloat16",
+                     "adamw": "torch.optim.AdamW defaults (on CPU: the for-loop implementation)"},
+        "timing": "optimizer.step() wall time after a barrier; per step the slowest rank; median and IQR over steps",
+        "bytes_sent": "per rank and step, (R - 1) x the rank's all-gather input (ring), R = replicas; "
+                      "flexdemo: comm_stats['bytes_sent']; reference: counted at dist.all_gather",
+        "reference_patches": ranks["reference"][0]["patches"],
+        "methods": methods,
+        "ratios": ratios,
+        "targets": targets,
+    }
+    print(table(methods))
+    for name, ratio in ratios.items():
+        print(f"{name}: {ratio:.2f}")
+    for name, target in targets.items():
+        print(f"target {name}: {target['value']:.2f} vs {target['target']} -> {'met' if target['met'] else 'NOT met'}")
+    path = args.out or HERE / "results" / f"optimizer_step{'' if args.model == 't5-small' else '_' + args.model}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {path}")
+
+
+def positive(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {text}")
+        return value
+
+    return parse
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", choices=tuple(MODELS), default="t5-small")
+    parser.add_argument("--steps", type=positive(2), default=10, help="timed steps per method (>= 2)")
+    parser.add_argument("--warmup", type=positive(1), default=3, help="untimed steps before them")
+    parser.add_argument("--out", type=Path, help="results JSON (default benchmarks/results/optimizer_step*.json)")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)  # set by the driver for the torchrun ranks
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+    else:
+        driver(args)
+
+
+if __name__ == "__main__":
+    main()
