@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .replicate import CommStats
+from .replicate import CommStats, explained
 
 NONFINITE_ACTIONS = ("skip", "raise")
 DRIFT_ACTIONS = ("raise", "resync")
@@ -34,7 +34,8 @@ def nonfinite_ranks(tensors: list[Tensor], device: torch.device, stats: CommStat
         return [0] if local else []
     world = dist.get_world_size()
     flags = flag.new_empty(world)
-    dist.all_gather_single(flags, flag)
+    with explained("all-gather of the non-finite flags", None):
+        dist.all_gather_single(flags, flag)
     stats.collectives += 1
     return [rank for rank, bad in enumerate(flags.tolist()) if bad]
 
@@ -49,7 +50,8 @@ def drifted(params: list[Tensor], group: dist.ProcessGroup, size: int) -> list[i
     """Indices of ``params`` (local shards) that differ between the replicas of ``group``."""
     local = torch.stack([fingerprint(p) for p in params]) if params else torch.zeros(0, dtype=torch.int64)
     gathered = local.new_empty(size * local.numel())
-    dist.all_gather_single(gathered, local.to(params[0].device) if params else local, group=group)
+    with explained("all-gather of the parameter fingerprints", group):
+        dist.all_gather_single(gathered, local.to(params[0].device) if params else local, group=group)
     gathered = gathered.view(size, -1).cpu()
     return (gathered != gathered[0]).any(dim=0).nonzero().flatten().tolist()
 

@@ -8,7 +8,9 @@ all-reduce ``2 * (R - 1) / R * buffer``.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -38,6 +40,19 @@ class CommStats:
         }
 
 
+@contextlib.contextmanager
+def explained(what: str, group: dist.ProcessGroup | None) -> Iterator[None]:
+    """Re-raise a failed collective saying which collective on which group (global ranks) it was."""
+    try:
+        yield
+    except RuntimeError as err:
+        ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
+        raise RuntimeError(
+            f"FlexDeMo: the {what} over global ranks {ranks} failed on rank {dist.get_rank()}: a peer died "
+            f"or stalled past the timeout (TrainingArguments.ddp_timeout). Cause: {err}"
+        ) from err
+
+
 def dense_allreduce_bytes(numel: int, replicas: int, element_size: int = 4) -> int:
     """Bytes one rank sends in a ring all-reduce of ``numel`` elements over ``replicas`` ranks."""
     return 2 * (replicas - 1) * numel * element_size // replicas
@@ -58,7 +73,8 @@ class ReplicateGroup:
         buffer = torch.cat(flat) if flat else torch.empty(0, dtype=torch.uint8)
         gathered = buffer.new_empty(self.size * buffer.numel())
         start = time.perf_counter()
-        dist.all_gather_single(gathered, buffer, group=self.group)
+        with explained("all-gather of the momentum payload", self.group):
+            dist.all_gather_single(gathered, buffer, group=self.group)
         gathered = gathered.view(self.size, -1)
         stats.seconds += time.perf_counter() - start
         stats.collectives += 1
@@ -77,7 +93,8 @@ class ReplicateGroup:
         if self.size == 1:
             return tensor
         start = time.perf_counter()
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group)
+        with explained("all-reduce of the momentum", self.group):
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group)
         stats.seconds += time.perf_counter() - start
         stats.collectives += 1
         sent = dense_allreduce_bytes(tensor.numel(), self.size, tensor.element_size())

@@ -62,8 +62,7 @@ def build_tokenizer(texts: Iterable[str], vocab_size: int = 8000, extra_ids: int
     if not pieces:
         raise ValueError("build_tokenizer: the texts hold no word to build a vocabulary from")
     characters.add("▁")
-    room = vocab_size - len(_SPECIAL_TOKENS) - len(characters)
-    if room < 1:
+    if vocab_size <= len(_SPECIAL_TOKENS) + len(characters):
         raise ValueError(
             f"vocab_size must exceed {len(_SPECIAL_TOKENS) + len(characters)} (3 special tokens and the "
             f"{len(characters)} distinct characters of the text), got {vocab_size}"
@@ -71,12 +70,16 @@ def build_tokenizer(texts: Iterable[str], vocab_size: int = 8000, extra_ids: int
     if extra_ids < 0:
         raise ValueError(f"extra_ids must be >= 0, got {extra_ids}")
     total = sum(pieces.values())
-    kept = sorted(pieces.items(), key=lambda item: (-item[1], item[0]))[:room]
-    vocab = [(token, 0.0) for token in _SPECIAL_TOKENS]
-    vocab += [(piece, math.log(count / total)) for piece, count in kept]
-    character_score = vocab[-1][1] - _CHAR_PENALTY
-    in_vocab = {piece for piece, _ in vocab}
-    vocab += [(char, character_score) for char in sorted(characters - in_vocab)]
+    kept: list[tuple[str, float]] = []
+    uncovered = set(characters)  # characters that are not pieces of their own yet
+    for piece, count in sorted(pieces.items(), key=lambda item: (-item[1], item[0])):
+        if len(_SPECIAL_TOKENS) + len(kept) + 1 + len(uncovered) - (piece in uncovered) > vocab_size:
+            break
+        kept.append((piece, math.log(count / total)))
+        uncovered.discard(piece)
+    character_score = kept[-1][1] - _CHAR_PENALTY if kept else -_CHAR_PENALTY
+    vocab = [(token, 0.0) for token in _SPECIAL_TOKENS] + kept
+    vocab += [(char, character_score) for char in sorted(uncovered)]
     vocab += [(f"<extra_id_{i}>", 0.0) for i in reversed(range(extra_ids))]
     return T5Tokenizer(vocab=vocab, extra_ids=extra_ids)
 

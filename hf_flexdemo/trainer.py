@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 from accelerate.utils import FullyShardedDataParallelPlugin, save_fsdp_model
 from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.nn.parallel import DistributedDataParallel
@@ -86,10 +87,14 @@ class FlexDeMoTrainer(Trainer):
         self.add_callback(self.comm_metrics)
 
     def _init_distributed(self, args: TrainingArguments) -> None:
-        """Create the world group with ``args.ddp_timeout`` (Transformers omits it on CPU)."""
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
-            device_type = "cpu" if args.use_cpu or not torch.cuda.is_available() else "cuda"
-            init_process_group(device_type, timedelta(seconds=args.ddp_timeout))
+        """Give the world group ``args.ddp_timeout``: Transformers creates it without one on CPU (30 min)."""
+        if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+            return
+        timeout = timedelta(seconds=args.ddp_timeout)
+        if dist.is_initialized():
+            c10d._set_pg_timeout(timeout)
+        else:
+            init_process_group("cpu" if args.use_cpu or not torch.cuda.is_available() else "cuda", timeout)
 
     def _check_arguments(self, args: TrainingArguments, kwargs: dict[str, Any]) -> None:
         if args.fp16:

@@ -1,6 +1,7 @@
 """Offline tokenizer and T5 configurations."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -74,7 +75,7 @@ def test_tokenizer_is_identical_in_every_process(tmp_path) -> None:
     vocabularies = []
     for seed in ("1", "2"):
         out = tmp_path / seed
-        subprocess.run([sys.executable, "-c", script, str(out)], check=True, env={"PYTHONHASHSEED": seed})
+        subprocess.run([sys.executable, "-c", script, str(out)], check=True, env={**os.environ, "PYTHONHASHSEED": seed})
         vocabularies.append(json.loads((out / "tokenizer.json").read_text())["model"]["vocab"])
     assert vocabularies[0] == vocabularies[1]
 

@@ -1,0 +1,452 @@
+"""The seq2seq recipe's arguments, data sources, preprocessing, offline metrics and summary (one process)."""
+
+import csv
+import gzip
+import json
+import socket
+import sys
+from pathlib import Path
+
+import huggingface_hub
+import numpy as np
+import pytest
+import sacrebleu
+from rouge_score import rouge_scorer
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, EvalPrediction, TrainerState
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "recipes"))
+import seq2seq  # noqa: E402
+
+MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
+needs_multi30k = pytest.mark.skipif(
+    not (MULTI30K / "val.en.gz").is_file(),
+    reason=f"the Multi30k files are not at {MULTI30K} (../shared/data/multi30k from the repository root)",
+)
+
+
+def parse(task: str, *argv: str):
+    return seq2seq.parse_arguments(task, list(argv))
+
+
+def load(task: str, tmp_path: Path, *argv: str):
+    """Parse ``argv``, then load, check and split the data as ``main`` does."""
+    _, data_args, _, _ = parse(task, "--output_dir", str(tmp_path / "out"), *argv)
+    raw, origin = seq2seq.load_raw_datasets(task, data_args, str(tmp_path / "cache"), seed=0)
+    return seq2seq.prepare_splits(task, raw, origin, data_args, seed=0), data_args
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> str:
+    path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+    return str(path)
+
+
+def write_gz(path: Path, lines: list[str]) -> str:
+    with gzip.open(path, "wt") as handle:
+        handle.write("".join(line + "\n" for line in lines))
+    return str(path)
+
+
+def read_gz(path: Path) -> list[str]:
+    with gzip.open(path, "rt") as handle:
+        return handle.read().splitlines()
+
+
+PAIRS = [
+    {"translation": {"en": "a red car", "fr": "une voiture rouge", "de": "ein rotes Auto"}},
+    {"translation": {"en": "two dogs", "fr": "deux chiens", "de": "zwei Hunde"}},
+    {"translation": {"en": "a man runs", "fr": "un homme court", "de": "ein Mann rennt"}},
+]
+ARTICLES = [
+    {"text": "The river flooded the town. People left their homes.", "summary": "River floods town."},
+    {"text": "A new bridge opened today after two years of work.", "summary": "Bridge opens."},
+    {"text": "The team won the final in extra time.", "summary": "Team wins final."},
+]
+
+
+# --- arguments -------------------------------------------------------------------------------------------
+
+
+def test_builtin_job_defaults() -> None:
+    model_args, data_args, training_args, flexdemo = parse("translation")
+    assert data_args.uses_number_words and flexdemo.method == "flexdemo"
+    assert (training_args.max_steps, training_args.learning_rate) == (600, 3e-3)
+    assert training_args.do_train and training_args.do_eval and training_args.predict_with_generate
+    assert training_args.output_dir == "outputs/t5_translation"
+    assert training_args.average_tokens_across_devices is False
+    assert (data_args.source_lang, data_args.target_lang, data_args.source_prefix) == ("en", "fr", "")
+
+
+def test_user_values_win_over_recipe_defaults() -> None:
+    _, _, training_args, _ = parse("translation", "--learning_rate", "1e-4", "--max_steps=5", "--do_eval")
+    assert (training_args.learning_rate, training_args.max_steps) == (1e-4, 5)
+    assert training_args.do_eval and not training_args.do_train
+    _, _, training_args, _ = parse("translation", "--predict_with_generate", "False", "--do-eval")
+    assert not training_args.predict_with_generate and not training_args.do_train
+
+
+@pytest.mark.parametrize(
+    ("argv", "lr"), [(["--method", "adamw"], 3e-3), (["--update", "sgd"], 1.0), (["--update", "adamw"], 1e-3)]
+)
+def test_builtin_learning_rate_follows_the_update_rule(argv: list[str], lr: float) -> None:
+    assert parse("translation", *argv)[2].learning_rate == lr
+
+
+def test_user_data_keeps_the_trainer_defaults() -> None:
+    _, data_args, training_args, _ = parse("summarization", "--train_file", "articles.jsonl")
+    assert not data_args.uses_number_words
+    assert (training_args.max_steps, training_args.learning_rate) == (-1, 5e-5)
+    assert training_args.predict_with_generate and training_args.output_dir == "outputs/t5_summarization"
+
+
+def test_arguments_from_a_json_file(tmp_path: Path) -> None:
+    config = tmp_path / "run.json"
+    config.write_text(json.dumps({"output_dir": str(tmp_path), "max_steps": 7, "update": "sgd"}))
+    _, data_args, training_args, flexdemo = parse("translation", str(config))
+    assert (training_args.max_steps, training_args.learning_rate, flexdemo.update) == (7, 1.0, "sgd")
+    assert training_args.do_train and training_args.predict_with_generate and data_args.uses_number_words
+
+
+def test_preset_fills_only_what_the_user_left_open() -> None:
+    _, data_args, _, _ = parse("translation", "--preset", "opus_books_en_fr", "--max_source_length", "64")
+    assert (data_args.dataset_name, data_args.dataset_config_name) == ("Helsinki-NLP/opus_books", "en-fr")
+    assert data_args.source_prefix == "translate English to French: "
+    assert (data_args.max_source_length, data_args.max_target_length) == (64, 512)
+    assert data_args.validation_split_percentage == 20
+    _, data_args, _, _ = parse("summarization", "--preset", "wikihow", "--source_prefix", "")
+    assert (data_args.text_column, data_args.summary_column, data_args.source_prefix) == ("text", "title", "")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--preset", "opus_books"], "preset must be one of opus_books_en_fr | wikihow"),
+        (["--dataset_name", "x", "--train_file", "y"], "not both"),
+        (["--preset", "wikihow", "--train_file", "y"], "not both"),
+        (["--source_lang", "fr"], "must differ"),
+        (["--validation_split_percentage", "0"], "validation_split_percentage must be in"),
+        (["--max_target_length", "0"], "max_target_length must be >= 1"),
+        (["--model_name_or_path", "m", "--config_name", "t5-small"], "pass one of them"),
+        (["--tokenizer_vocab_size", "4"], "tokenizer_vocab_size must be >= 16"),
+        (["--method", "sgd"], "invalid method"),
+    ],
+)
+def test_bad_arguments_are_refused_at_parse_time(argv: list[str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse("translation", *argv)
+
+
+def run_main(monkeypatch: pytest.MonkeyPatch, task: str, *argv: str) -> None:
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(sys, "argv", [f"t5_{task}.py", *argv])
+    seq2seq.main(task)
+
+
+def test_preset_of_the_other_task_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="'wikihow' is a summarization data set"):
+        run_main(monkeypatch, "translation", "--preset", "wikihow", "--output_dir", str(tmp_path))
+
+
+# --- data sources ----------------------------------------------------------------------------------------
+
+
+def test_builtin_number_words(tmp_path: Path) -> None:
+    splits, _ = load("translation", tmp_path, "--number_words_train_size", "300", "--number_words_eval_size", "20")
+    assert (len(splits["train"]), len(splits["validation"])) == (300, 20)
+    assert set(splits["train"][0]["translation"]) == {"en", "fr"}
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--number_words_train_size", "20000"], "number_words_train_size/eval_size/max_number: .*exceeds"),
+        (["--number_words_max_number", "0"], "max_number must be in"),
+        (["--target_lang", "de"], "number-words data is en -> fr"),
+    ],
+)
+def test_builtin_data_refuses_bad_arguments(tmp_path: Path, argv: list[str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        load("translation", tmp_path, *argv)
+
+
+def test_summarization_needs_data(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="summarization needs data"):
+        load("summarization", tmp_path)
+
+
+@needs_multi30k
+def test_multi30k_parallel_pair_by_prefix(tmp_path: Path) -> None:
+    splits, data_args = load(
+        "translation", tmp_path, "--train_file", str(MULTI30K / "val"),
+        "--validation_file", str(MULTI30K / "test_2016_flickr"),
+    )
+    english, french = read_gz(MULTI30K / "val.en.gz"), read_gz(MULTI30K / "val.fr.gz")
+    assert (len(splits["train"]), len(splits["validation"])) == (1014, 1000)
+    assert splits["train"][0]["translation"] == {"en": english[0], "fr": french[0]}
+    assert splits["train"][-1]["translation"] == {"en": english[-1], "fr": french[-1]}
+    sources, targets = seq2seq.source_and_target_texts(splits["validation"], "translation", data_args)
+    assert (sources[5], targets[5]) == (
+        read_gz(MULTI30K / "test_2016_flickr.en.gz")[5],
+        read_gz(MULTI30K / "test_2016_flickr.fr.gz")[5],
+    )
+
+
+@needs_multi30k
+def test_multi30k_pair_by_one_of_its_files_and_reversed(tmp_path: Path) -> None:
+    splits, data_args = load(
+        "translation", tmp_path, "--train_file", str(MULTI30K / "val.en.gz"), "--source_lang", "fr",
+        "--target_lang", "en", "--max_train_samples", "100",
+    )
+    sources, targets = seq2seq.source_and_target_texts(splits["train"], "translation", data_args)
+    french, english = read_gz(MULTI30K / "val.fr.gz"), read_gz(MULTI30K / "val.en.gz")
+    assert len(splits["train"]) == 100
+    assert len(splits["validation"]) == 51  # 5% of the 1014 pairs held out, as there is no validation file
+    pairs = set(zip(french, english))
+    assert all(pair in pairs for pair in zip(sources, targets))
+
+
+@needs_multi30k
+def test_broken_parallel_pairs_are_refused(tmp_path: Path) -> None:
+    english, french = read_gz(MULTI30K / "val.en.gz")[:40], read_gz(MULTI30K / "val.fr.gz")[:40]
+    write_gz(tmp_path / "short.en.gz", english)
+    write_gz(tmp_path / "short.fr.gz", french[:39])
+    with pytest.raises(ValueError, match="not aligned: .*40 lines.* 39"):
+        load("translation", tmp_path, "--train_file", str(tmp_path / "short"))
+    write_gz(tmp_path / "lonely.en.gz", english)
+    with pytest.raises(ValueError, match="partner .*lonely.fr.gz is missing"):
+        load("translation", tmp_path, "--train_file", str(tmp_path / "lonely.en.gz"))
+    with pytest.raises(ValueError, match="found .*lonely.en.gz but no fr side"):
+        load("translation", tmp_path, "--train_file", str(tmp_path / "lonely"))
+    write_gz(tmp_path / "void.en.gz", [])
+    write_gz(tmp_path / "void.fr.gz", [])
+    with pytest.raises(ValueError, match="empty"):
+        load("translation", tmp_path, "--train_file", str(tmp_path / "void"))
+
+
+def test_jsonl_in_the_translation_convention(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "train.jsonl", PAIRS * 20)
+    splits, data_args = load("translation", tmp_path, "--train_file", path, "--validation_file", path)
+    assert len(splits["train"]) == 60
+    sources, targets = seq2seq.source_and_target_texts(splits["train"], "translation", data_args)
+    assert (sources[1], targets[1]) == ("two dogs", "deux chiens")
+    splits, data_args = load("translation", tmp_path, "--train_file", path, "--target_lang", "de")
+    assert seq2seq.source_and_target_texts(splits["train"], "translation", data_args)[1][0] in {
+        "ein rotes Auto", "zwei Hunde", "ein Mann rennt"
+    }
+
+
+def test_flat_language_columns_in_json_and_csv(tmp_path: Path) -> None:
+    flat = [row["translation"] for row in PAIRS]
+    json_path = write_jsonl(tmp_path / "flat.jsonl", flat)
+    csv_path = tmp_path / "flat.csv"
+    with csv_path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=["en", "fr", "de"])
+        writer.writeheader()
+        writer.writerows(flat)
+    for path in (json_path, str(csv_path)):
+        splits, data_args = load("translation", tmp_path, "--train_file", path, "--validation_file", path)
+        assert splits["validation"].column_names == ["translation"]
+        assert seq2seq.source_and_target_texts(splits["validation"], "translation", data_args) == (
+            ["a red car", "two dogs", "a man runs"],
+            ["une voiture rouge", "deux chiens", "un homme court"],
+        )
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        ([{"translation": {"en": "a", "de": "b"}}], r"pair en -> fr is not in the data, which has \['en', 'de'\]"),
+        ([{"source": "a", "target": "b"}], r"expected a 'translation' column .* found columns \['source', 'target'\]"),
+        ([{"translation": {"en": "", "fr": "x"}}, {"translation": {"en": "y", "fr": None}}], "no example has both"),
+    ],
+)
+def test_json_without_usable_pairs_is_refused(tmp_path: Path, rows: list[dict], message: str) -> None:
+    path = write_jsonl(tmp_path / "bad.jsonl", rows)
+    with pytest.raises(ValueError, match=message):
+        load("translation", tmp_path, "--train_file", path)
+
+
+def test_rows_missing_a_side_are_dropped(tmp_path: Path) -> None:
+    rows = [*PAIRS, {"translation": {"en": "three cats", "fr": None}}, {"translation": {"en": " ", "fr": "x"}}]
+    path = write_jsonl(tmp_path / "holes.jsonl", rows)
+    splits, _ = load("translation", tmp_path, "--train_file", path, "--validation_file", path)
+    assert len(splits["validation"]) == 3
+
+
+@pytest.mark.parametrize("content", ["", "en,fr\n"])
+def test_empty_files_are_refused(tmp_path: Path, content: str) -> None:
+    path = tmp_path / ("empty.csv" if content else "empty.jsonl")
+    path.write_text(content)
+    with pytest.raises(ValueError, match="empty"):
+        load("translation", tmp_path, "--train_file", str(path))
+
+
+def test_missing_and_unsupported_files_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"--train_file .*nowhere.jsonl: no such file; .*PREFIX\.en\[\.gz\]"):
+        load("translation", tmp_path, "--train_file", str(tmp_path / "nowhere.jsonl"))
+    with pytest.raises(ValueError, match="--validation_file .*nowhere: no such file"):
+        load("summarization", tmp_path, "--validation_file", str(tmp_path / "nowhere"))
+    notes = tmp_path / "notes.txt"
+    notes.write_text("hello\n")
+    with pytest.raises(ValueError, match="unsupported file type; expected a .json, .jsonl, .csv or .parquet"):
+        load("summarization", tmp_path, "--train_file", str(notes))
+
+
+def test_summarization_from_local_files(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "articles.jsonl", ARTICLES * 10)
+    splits, data_args = load("summarization", tmp_path, "--train_file", path, "--max_eval_samples", "1")
+    assert (len(splits["train"]), len(splits["validation"])) == (28, 1)  # 5% of 30 held out, rounded up
+    csv_path = tmp_path / "news.csv"
+    with csv_path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["article", "highlights"])
+        writer.writerows([row["text"], row["summary"]] for row in ARTICLES)
+    splits, data_args = load(
+        "summarization", tmp_path, "--train_file", str(csv_path), "--validation_file", str(csv_path),
+        "--text_column", "article", "--summary_column", "highlights",
+    )
+    assert seq2seq.source_and_target_texts(splits["validation"], "summarization", data_args)[1] == [
+        "River floods town.", "Bridge opens.", "Team wins final."
+    ]
+    with pytest.raises(ValueError, match=r"no column \['text', 'summary'\]; found columns \['article', 'highlights'\]"):
+        load("summarization", tmp_path, "--train_file", str(csv_path))
+
+
+# --- preprocessing ---------------------------------------------------------------------------------------
+
+
+def test_tokenization_adds_the_prefix_and_masks_padding(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "train.jsonl", PAIRS)
+    model_args, data_args, training_args, _ = parse(
+        "translation", "--output_dir", str(tmp_path), "--train_file", path, "--validation_file", path,
+        "--source_prefix", "translate: ", "--pad_to_max_length", "--max_source_length", "12",
+        "--max_target_length", "10",
+    )
+    raw, origin = seq2seq.load_raw_datasets("translation", data_args, str(tmp_path / "cache"), seed=0)
+    splits = seq2seq.prepare_splits("translation", raw, origin, data_args, seed=0)
+    tokenizer = seq2seq.load_tokenizer(model_args, splits, "translation", data_args)
+    tokenized = seq2seq.tokenize_splits(splits, "translation", tokenizer, data_args, training_args)
+    example = tokenized["train"][1]
+    assert len(example["input_ids"]) == 12 and len(example["labels"]) == 10
+    assert tokenizer.decode(example["input_ids"], skip_special_tokens=True) == "translate: two dogs"
+    labels = [t for t in example["labels"] if t != -100]
+    assert tokenizer.decode(labels, skip_special_tokens=True) == "deux chiens"
+    assert example["labels"][len(labels) :] == [-100] * (10 - len(labels))
+
+
+# --- metrics ---------------------------------------------------------------------------------------------
+
+HYPOTHESES = ["le chat est sur le tapis", "il pleut beaucoup aujourd'hui", "un homme court"]
+REFERENCES = ["le chat est sur la table", "il pleut fort aujourd'hui", "un homme court vite"]
+
+
+def test_offline_metric_modules_match_the_libraries(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    references = [[r] for r in REFERENCES]
+    bleu = seq2seq.load_metric("sacrebleu").compute(predictions=HYPOTHESES, references=references)
+    assert bleu["score"] == pytest.approx(sacrebleu.corpus_bleu(HYPOTHESES, [REFERENCES]).score)
+    chrf = seq2seq.load_metric("chrf").compute(predictions=HYPOTHESES, references=references)
+    assert chrf["score"] == pytest.approx(sacrebleu.corpus_chrf(HYPOTHESES, [REFERENCES]).score)
+    rouge = seq2seq.load_metric("rouge").compute(predictions=HYPOTHESES, references=REFERENCES)
+    scorer = rouge_scorer.RougeScorer(["rouge1", "rougeL"])
+    expected = [scorer.score(r, h) for h, r in zip(HYPOTHESES, REFERENCES)]
+    assert rouge["rouge1"] == pytest.approx(np.mean([s["rouge1"].fmeasure for s in expected]))
+    assert rouge["rougeL"] == pytest.approx(np.mean([s["rougeL"].fmeasure for s in expected]))
+    assert 0 < bleu["score"] < 100 and 0 < rouge["rouge2"] < 1
+
+
+def test_metrics_fall_back_to_the_local_modules_without_network(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def refuse(*args, **kwargs):
+        raise OSError("network blocked by the test")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    with caplog.at_level("WARNING", logger="seq2seq"):
+        metric = seq2seq.load_metric("chrf")
+    assert f"using the offline copy {seq2seq.METRICS_DIR / 'chrf'}" in caplog.text
+    assert metric.compute(predictions=["un homme"], references=[["un homme"]])["score"] == pytest.approx(100)
+
+
+def test_seq2seq_metrics_decode_and_score(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    tokenizer = seq2seq.build_tokenizer(HYPOTHESES + REFERENCES)
+    predictions = tokenizer(HYPOTHESES, padding=True, return_tensors="np").input_ids
+    labels = tokenizer(text_target=HYPOTHESES, padding=True, return_tensors="np").input_ids
+    labels[labels == tokenizer.pad_token_id] = -100
+    metrics = seq2seq.Seq2SeqMetrics("translation", tokenizer)
+    scores = metrics(EvalPrediction(predictions=predictions, label_ids=labels))
+    assert scores["bleu"] == pytest.approx(100) and scores["chrf"] == pytest.approx(100)
+    assert metrics.predictions == HYPOTHESES == metrics.references
+    other = tokenizer(REFERENCES, padding=True, return_tensors="np").input_ids
+    assert metrics(EvalPrediction(predictions=(other,), label_ids=labels))["bleu"] < 100
+    summaries = seq2seq.Seq2SeqMetrics("summarization", tokenizer)
+    assert summaries(EvalPrediction(predictions=predictions, label_ids=labels))["rouge1"] == pytest.approx(100)
+
+
+def test_run_summary_reports_losses_scores_and_traffic(tmp_path: Path) -> None:
+    _, data_args, training_args, flexdemo = parse("translation", "--output_dir", str(tmp_path / "model"))
+    splits, _ = load("translation", tmp_path, "--number_words_train_size", "10", "--number_words_eval_size", "5")
+    state = TrainerState(
+        global_step=20,
+        log_history=[
+            {"loss": 5.1, "flexdemo/bytes_sent": 2 * 2**20, "step": 10},
+            {"loss": 0.7, "flexdemo/bytes_sent": 3 * 2**20, "flexdemo/compression_ratio": 896.0, "step": 20},
+        ],
+    )
+    text = seq2seq.run_summary(
+        "translation", "number words", splits, "tiny", training_args, flexdemo,
+        {"train_loss": 1.9, "train_runtime": 12.0}, {"eval_loss": 0.5, "eval_bleu": 41.5, "eval_chrf": 60.25},
+        state, 210,
+    )
+    assert "10 train / 5 validation examples" in text
+    assert "first logged 5.1000, last logged 0.7000, mean 1.9000 (20 steps in 12 s)" in text
+    assert "eval loss   0.5000 (a uniform guess over the 210 tokens scores 5.35)" in text
+    assert "BLEU / chrF 41.50 / 60.25" in text
+    assert "bytes_sent 3.000 MiB" in text and "compression_ratio 896" in text
+    assert f"saved to    {tmp_path / 'model'}" in text
+
+
+# --- whole runs (one process, a few steps) ---------------------------------------------------------------
+
+
+def test_translation_run_on_builtin_data(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "out"
+    run_main(
+        monkeypatch, "translation", "--output_dir", str(out), "--max_steps", "4", "--number_words_train_size",
+        "64", "--number_words_eval_size", "8", "--generation_max_length", "8", "--disable_tqdm", "True",
+    )
+    printed = capsys.readouterr().out
+    assert "Example generations (validation):" in printed and "t5_translation summary" in printed
+    assert "BLEU / chrF" in printed and f"saved to    {out}" in printed
+    model = AutoModelForSeq2SeqLM.from_pretrained(out)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    generated = model.generate(**tokenizer(["seven"], return_tensors="pt"), max_length=5)
+    assert generated.shape[0] == 1
+    assert json.loads((out / "eval_results.json").read_text())["eval_loss"] > 0
+
+
+@needs_multi30k
+def test_translation_run_on_multi30k(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys) -> None:
+    run_main(
+        monkeypatch, "translation", "--output_dir", str(tmp_path / "out"), "--cache_dir", str(tmp_path / "cache"),
+        "--train_file", str(MULTI30K / "val"), "--validation_file", str(MULTI30K / "test_2016_flickr.fr.gz"),
+        "--max_train_samples", "64", "--max_eval_samples", "8", "--max_steps", "3", "--per_device_train_batch_size",
+        "8", "--tokenizer_vocab_size", "2000", "--generation_max_length", "8", "--disable_tqdm", "True",
+    )
+    printed = capsys.readouterr().out
+    assert "val.en.gz + " in printed and "64 train / 8 validation examples" in printed
+    assert "source     " + read_gz(MULTI30K / "test_2016_flickr.en.gz")[0] in printed
+
+
+def test_summarization_run_on_a_local_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys) -> None:
+    path = write_jsonl(tmp_path / "articles.jsonl", ARTICLES * 8)
+    run_main(
+        monkeypatch, "summarization", "--output_dir", str(tmp_path / "out"), "--cache_dir", str(tmp_path / "cache"),
+        "--train_file", path, "--validation_file", path, "--max_eval_samples", "4", "--max_steps", "3",
+        "--source_prefix", "summarize: ", "--generation_max_length", "8", "--disable_tqdm", "True",
+    )
+    printed = capsys.readouterr().out
+    assert "t5_summarization summary" in printed and "ROUGE       rouge1" in printed
