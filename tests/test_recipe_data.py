@@ -3,6 +3,7 @@
 import csv
 import gzip
 import json
+import re
 import socket
 import sys
 from pathlib import Path
@@ -31,8 +32,8 @@ def parse(task: str, *argv: str):
 def load(task: str, tmp_path: Path, *argv: str):
     """Parse ``argv``, then load, check and split the data as ``main`` does."""
     _, data_args, _, _ = parse(task, "--output_dir", str(tmp_path / "out"), *argv)
-    raw, origin = seq2seq.load_raw_datasets(task, data_args, str(tmp_path / "cache"), seed=0)
-    return seq2seq.prepare_splits(task, raw, origin, data_args, seed=0), data_args
+    raw, _ = seq2seq.load_raw_datasets(task, data_args, str(tmp_path / "cache"), seed=0)
+    return seq2seq.prepare_splits(raw, data_args, seed=0), data_args
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> str:
@@ -254,14 +255,17 @@ def test_flat_language_columns_in_json_and_csv(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("rows", "message"),
     [
-        ([{"translation": {"en": "a", "de": "b"}}], r"pair en -> fr is not in the data, which has \['en', 'de'\]"),
+        (
+            [{"translation": {"en": "a", "de": "b"}}],
+            r"language pair en -> fr is not in the data, which has \['en', 'de'\]",
+        ),
         ([{"source": "a", "target": "b"}], r"expected a 'translation' column .* found columns \['source', 'target'\]"),
         ([{"translation": {"en": "", "fr": "x"}}, {"translation": {"en": "y", "fr": None}}], "no example has both"),
     ],
 )
 def test_json_without_usable_pairs_is_refused(tmp_path: Path, rows: list[dict], message: str) -> None:
     path = write_jsonl(tmp_path / "bad.jsonl", rows)
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=f"--train_file {re.escape(path)}: {message}"):
         load("translation", tmp_path, "--train_file", path)
 
 
@@ -321,8 +325,8 @@ def test_tokenization_adds_the_prefix_and_masks_padding(tmp_path: Path) -> None:
         "--source_prefix", "translate: ", "--pad_to_max_length", "--max_source_length", "12",
         "--max_target_length", "10",
     )
-    raw, origin = seq2seq.load_raw_datasets("translation", data_args, str(tmp_path / "cache"), seed=0)
-    splits = seq2seq.prepare_splits("translation", raw, origin, data_args, seed=0)
+    raw, _ = seq2seq.load_raw_datasets("translation", data_args, str(tmp_path / "cache"), seed=0)
+    splits = seq2seq.prepare_splits(raw, data_args, seed=0)
     tokenizer = seq2seq.load_tokenizer(model_args, splits, "translation", data_args)
     tokenized = seq2seq.tokenize_splits(splits, "translation", tokenizer, data_args, training_args)
     example = tokenized["train"][1]

@@ -62,22 +62,25 @@ def test_tokenizer_saves_and_reloads_with_auto_tokenizer(texts: list[str], tmp_p
     assert reloaded(text_target=["vingt et un"]).input_ids == tokenizer(text_target=["vingt et un"]).input_ids
 
 
-def test_tokenizer_is_identical_in_every_process(tmp_path) -> None:
-    """Ranks build their tokenizer independently; hash seeds differ between processes."""
+def test_tokenizer_is_identical_in_every_process(texts: list[str], tmp_path) -> None:
+    """Ranks build their tokenizer independently, and string hashing differs between processes."""
+    texts = texts[:600] + ["a b c a b", "x y z z", "b a"]
+    (tmp_path / "texts.json").write_text(json.dumps(texts))
     script = (
-        "import sys\n"
-        "from hf_flexdemo.number_words import number_words_dataset\n"
+        "import json, sys\n"
         "from hf_flexdemo.tiny_t5 import build_tokenizer\n"
-        "data = number_words_dataset(train_size=300, eval_size=10)\n"
-        "texts = [r[k] for r in data['train']['translation'] for k in ('en', 'fr')] + ['a b c a b', 'x y z z']\n"
-        "build_tokenizer(texts, vocab_size=120).save_pretrained(sys.argv[1])\n"
+        "texts = json.load(open(sys.argv[1]))\n"
+        "build_tokenizer(texts, vocab_size=120).save_pretrained(sys.argv[2])\n"
     )
-    vocabularies = []
-    for seed in ("1", "2"):
-        out = tmp_path / seed
-        subprocess.run([sys.executable, "-c", script, str(out)], check=True, env={**os.environ, "PYTHONHASHSEED": seed})
-        vocabularies.append(json.loads((out / "tokenizer.json").read_text())["model"]["vocab"])
-    assert vocabularies[0] == vocabularies[1]
+    hash_seed = "2" if os.environ.get("PYTHONHASHSEED") == "1" else "1"
+    subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "texts.json"), str(tmp_path / "child")],
+        check=True,
+        env={**os.environ, "PYTHONHASHSEED": hash_seed},
+    )
+    build_tokenizer(texts, vocab_size=120).save_pretrained(tmp_path / "parent")
+    child, parent = (json.loads((tmp_path / d / "tokenizer.json").read_text()) for d in ("child", "parent"))
+    assert child["model"]["vocab"] == parent["model"]["vocab"]
 
 
 @pytest.mark.parametrize(
