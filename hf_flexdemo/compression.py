@@ -42,24 +42,25 @@ def inverse_sparse(
 
 
 def compress(
-    coefficients: Tensor, layout: BlockLayout, k: int, value_dtype: torch.dtype, scratch: Tensor
+    coefficients: Tensor, layout: BlockLayout, k: int, value_dtype: torch.dtype, magnitude: Tensor, estimate: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Top-``k`` coefficients of each block of ``(P, *shape)`` DCT coefficients (matrix layout).
 
     Returns ``(indices, values, estimate)``: ``(N, k)`` flat positions inside each block
     (``index_dtype``), the coefficients rounded to ``value_dtype`` as they travel, and the
-    ``(N, n1, n2)`` signal those rounded coefficients represent, written into ``scratch`` (a buffer
-    of the coefficients' size).
+    ``(N, n1, n2)`` signal those rounded values represent, in ``estimate``'s dtype (float32:
+    error feedback subtracts exactly what the receivers decode). ``magnitude`` and ``estimate`` are
+    scratch buffers of the coefficients' size.
     """
     blocks = layout.blocks(coefficients)
-    magnitude = scratch.view(blocks.shape)
+    magnitude = magnitude.view(blocks.shape)
     torch.abs(blocks, out=magnitude)
     indices = magnitude.view(-1, layout.block_numel).topk(k, dim=1, sorted=False).indices
     positions = layout.flat_positions(coefficients.shape[0], indices)
     values = coefficients.reshape(-1)[positions].to(value_dtype)
     estimate = inverse_sparse(
-        indices.unsqueeze(1), values.unsqueeze(1).to(coefficients.dtype), layout.block,
-        out=scratch.view(-1, *layout.block),
+        indices.unsqueeze(1), values.unsqueeze(1).to(estimate.dtype), layout.block,
+        out=estimate.view(-1, *layout.block),
     )
     return indices.to(index_dtype(layout.block_numel)), values, estimate
 

@@ -94,14 +94,16 @@ class BlockLayout:
     def dct(self, x: Tensor, out: Tensor, scratch: Tensor) -> Tensor:
         """Blockwise forward DCT of a contiguous ``(P, *shape)`` tensor into ``out`` (matrix layout).
 
-        ``out`` and ``scratch`` are contiguous buffers of ``x``'s shape; ``scratch`` is clobbered.
+        ``out`` and ``scratch`` are contiguous buffers of ``x``'s shape and dtype; ``scratch`` is
+        clobbered. Two GEMMs: every row against ``D2``, then ``D1`` against every block row.
         """
         (n1, n2), cols = self.block, self.matrix[1]
         target = out if n1 == 1 else scratch
         torch.matmul(x.reshape(-1, n2), dct_basis(n2, x.device, x.dtype).T, out=target.view(-1, n2))
         if n1 > 1:
-            left = dct_basis(n1, x.device, x.dtype)
-            torch.matmul(left, scratch.view(-1, n1, cols), out=out.view(-1, n1, cols))
+            rows = scratch.view(-1, n1, cols)
+            left = dct_basis(n1, x.device, x.dtype).expand(rows.shape[0], n1, n1)  # bmm: no broadcast copy
+            torch.bmm(left, rows, out=out.view(-1, n1, cols))
         return out
 
 

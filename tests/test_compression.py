@@ -10,7 +10,9 @@ from hf_flexdemo.dct import BlockLayout, idct2
 def _compress(x, layout, k, dtype=torch.float32):
     coefficients = layout.dct(x, out=torch.empty_like(x), scratch=torch.empty_like(x))
     blocks = layout.blocks(coefficients).reshape(-1, layout.block_numel).clone()
-    indices, values, estimate = compression.compress(coefficients, layout, k, dtype, torch.empty_like(x))
+    indices, values, estimate = compression.compress(
+        coefficients, layout, k, dtype, magnitude=torch.empty_like(x), estimate=torch.empty_like(x)
+    )
     return blocks, indices, values, estimate.clone()
 
 
