@@ -143,6 +143,7 @@ class FlexDeMoTrainer(Trainer):
             policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         shard_model(self.model, self.accelerator.torch_device_mesh, hsdp=self.flexdemo_config.method == "adamw",
                     mp_policy=policy)
+        self.model._is_fsdp_managed_module = True  # Transformers' FSDP2 flag: generate() keeps ranks in step
         self.model_wrapped = self.model
 
     @property

@@ -1,0 +1,407 @@
+"""Convergence benchmark: validation loss and BLEU over training of HSDP+AdamW, DeMo and FlexDeMo on real data.
+
+Every method trains the same new T5 (tokenizer built from the training text, same seed, same data order
+with ``seed``/``data_seed``, same steps, batch and schedule) on 2 nodes x 2 processes (4 CPU ranks, one
+``torchrun --nproc_per_node 4`` job per method, ``FlexDeMoConfig(method=..., shard_size=2)``), through the
+T5 recipe's data, tokenizer and metric code (``convergence_worker.py``). Data: Multi30k en->fr from
+``../shared/data/multi30k/`` next to the repository when present, or ``--train_file/--validation_file``.
+
+    python benchmarks/convergence.py --quick             # 2+2-layer d128 T5, 300 steps: 8 min on 2 cores
+    python benchmarks/convergence.py --quick --lr_sweep  # 3 learning rates x 3 methods, no BLEU: ~20-25 min
+    python benchmarks/convergence.py                     # 4+4-layer d256 T5, 2000 steps: ~4.5 h on 2 cores
+
+Durations on this 2-core machine: ``--quick`` measured 470 s (about 150 s per method, a third of it
+process start and data loading); the sweep is 9 such runs without BLEU; the full run is estimated
+from a 20-step probe (2.4 s per step and 7.5 s per evaluation with 4 ranks on 2 cores: ~1.4 h per method).
+
+Learning rates: ``--lrs METHOD=LR ...`` if given; else the ones ``--lr_sweep`` chose, read from
+``results/convergence[_quick]_lr_sweep.json``; else the built-in ``DEFAULT_LRS`` (the recipe's choice on
+its number-words task, not swept on this data). The JSON names the source. ``--lr_sweep`` runs the
+same preset with each learning rate of ``SWEEP_LRS`` for each method (no BLEU) and keeps the one with the
+lowest final validation loss.
+
+Writes ``benchmarks/results/convergence[_quick].json`` (command, machine, versions, settings, learning
+rates, per-method eval-loss curves, final BLEU/chrF, train wall time without evaluations, bytes sent
+from the ``flexdemo/*`` logs, FlexDeMo's final validation-loss gap vs AdamW in %) and a ``.png`` plot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import math
+import os
+import platform
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+MULTI30K = REPO.parent / "shared" / "data" / "multi30k"
+METHODS = ("adamw", "flexdemo", "demo")  # adamw first: the reference of the gap
+NPROC, SHARD_SIZE = 4, 2  # 2 nodes x 2 processes
+GAP_TARGET_PCT = 5.0
+# The recipe's learning rates on its number-words task (recipes/seq2seq.py): the fallback when no sweep ran.
+DEFAULT_LRS = {"adamw": 3e-3, "flexdemo": 3e-3, "demo": 3e-3}
+SWEEP_LRS = {"adamw": (1e-3, 3e-3, 1e-2), "flexdemo": (1e-3, 3e-3, 1e-2), "demo": (1e-3, 3e-3, 1e-2)}
+PRESETS: dict[str, dict[str, Any]] = {
+    "quick": {
+        "d_model": 128, "d_ff": 512, "num_layers": 2, "num_heads": 4, "vocab_size": 4000, "batch_size": 16,
+        "max_steps": 300, "warmup_steps": 15, "eval_steps": 50, "logging_steps": 25, "bleu_samples": 256,
+        "timeout_s": 900,
+    },
+    "full": {
+        "d_model": 256, "d_ff": 1024, "num_layers": 4, "num_heads": 4, "vocab_size": 8000, "batch_size": 32,
+        "max_steps": 2000, "warmup_steps": 100, "eval_steps": 200, "logging_steps": 50, "bleu_samples": 1014,
+        "timeout_s": 4 * 3600,
+    },
+}
+VERSIONED = ("torch", "transformers", "accelerate", "datasets", "evaluate", "sacrebleu", "tokenizers")
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def method_lr(text: str) -> tuple[str, float]:
+    """``METHOD=LR`` from the command line."""
+    method, _, lr = text.partition("=")
+    try:
+        value = float(lr)
+    except ValueError:
+        value = -1.0
+    if method not in METHODS or not value > 0:
+        raise argparse.ArgumentTypeError(f"--lrs takes METHOD=LR with METHOD in {', '.join(METHODS)} and LR > 0, "
+                                         f"got {text!r}")
+    return method, value
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="tiny T5 and 300 steps (minutes on 2 cores)")
+    parser.add_argument("--lr_sweep", action="store_true", help="sweep SWEEP_LRS per method, write the choice")
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    parser.add_argument("--lrs", nargs="+", type=method_lr, default=[], metavar="METHOD=LR")
+    parser.add_argument("--train_file", help="default: Multi30k train.en.gz (+ train.fr.gz)")
+    parser.add_argument("--validation_file", help="default: Multi30k val.en.gz (+ val.fr.gz)")
+    parser.add_argument("--source_lang", default="en")
+    parser.add_argument("--target_lang", default="fr")
+    parser.add_argument("--max_source_length", type=positive_int, default=64)
+    parser.add_argument("--max_target_length", type=positive_int, default=64)
+    for name in ("d_model", "d_ff", "num_layers", "num_heads", "vocab_size", "batch_size", "max_steps",
+                 "eval_steps", "logging_steps"):
+        parser.add_argument(f"--{name}", type=positive_int)
+    parser.add_argument("--warmup_steps", type=int)
+    parser.add_argument("--bleu_samples", type=int, help="validation pairs translated for BLEU (0: none)")
+    parser.add_argument("--timeout_s", type=float, help="per method (and learning rate)")
+    parser.add_argument("--compression_topk", type=positive_int, default=4)
+    parser.add_argument("--compression_chunk", type=positive_int, default=64)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--data_seed", type=int, default=42)
+    parser.add_argument("--out", type=Path, help="default: benchmarks/results/convergence[_quick].json")
+    parser.add_argument("--sweep_file", type=Path, help="written by --lr_sweep, read otherwise; default: "
+                        "benchmarks/results/convergence[_quick]_lr_sweep.json")
+    args = parser.parse_args()
+    args.preset = "quick" if args.quick else "full"
+    for key, value in PRESETS[args.preset].items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.train_file is None and args.validation_file is None and MULTI30K.is_dir():
+        args.train_file, args.validation_file = str(MULTI30K / "train.en.gz"), str(MULTI30K / "val.en.gz")
+    if not (args.train_file and args.validation_file):
+        parser.error(f"no data: {MULTI30K} is absent; pass --train_file and --validation_file")
+    for name in ("eval_steps", "logging_steps"):
+        if args.max_steps % getattr(args, name):
+            parser.error(f"--{name} must divide --max_steps ({args.max_steps}), got {getattr(args, name)}")
+    if args.warmup_steps < 0 or args.bleu_samples < 0:
+        parser.error("--warmup_steps and --bleu_samples must be >= 0")
+    stem = f"convergence{'_quick' if args.quick else ''}"
+    args.sweep_file = args.sweep_file or HERE / "results" / f"{stem}_lr_sweep.json"
+    if args.lr_sweep:
+        args.out, args.bleu_samples = args.sweep_file, 0
+    args.out = args.out or HERE / "results" / f"{stem}.json"
+    return args
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def worker_command(args: argparse.Namespace, method: str, lr: float, bleu_samples: int, out: Path,
+                   output_dir: Path) -> list[str]:
+    options = {
+        name: getattr(args, name) for name in (
+            "train_file", "validation_file", "source_lang", "target_lang", "max_source_length", "max_target_length",
+            "vocab_size", "d_model", "d_ff", "num_layers", "num_heads", "max_steps", "batch_size", "warmup_steps",
+            "eval_steps", "logging_steps", "compression_topk", "compression_chunk", "seed", "data_seed",
+        )
+    }
+    options |= {"method": method, "lr": lr, "bleu_samples": bleu_samples, "shard_size": SHARD_SIZE,
+                "output_dir": output_dir, "out": out}
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(NPROC),
+                "--master_addr", "127.0.0.1", "--master_port", str(free_port())]
+    return [*launcher, str(HERE / "convergence_worker.py"), *(f"--{k}={v}" for k, v in options.items())]
+
+
+def run_method(args: argparse.Namespace, method: str, lr: float, bleu_samples: int, scratch: Path) -> dict[str, Any]:
+    """One torchrun job; the worker's result, or the status and the log's tail when it failed."""
+    tag = f"{method}-lr{lr:g}"
+    out, log = scratch / f"{tag}.json", scratch / f"{tag}.log"
+    env = {
+        **os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_CACHE": str(scratch / "datasets"),  # shared: tokenized once, reused by the next methods
+        "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "recipes"), os.environ.get("PYTHONPATH", "")]),
+    }
+    command = worker_command(args, method, lr, bleu_samples, out, scratch / tag)
+    print(f"[convergence] {method} lr {lr:g} ...", flush=True)
+    start = time.monotonic()
+    with open(log, "w") as handle:
+        process = subprocess.Popen(command, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            process.wait(timeout=args.timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    seconds = time.monotonic() - start
+    if process.returncode == 0 and out.exists():
+        result = {"status": "ok", **json.loads(out.read_text())}
+    else:
+        status = "timeout" if seconds >= args.timeout_s else f"failed (exit {process.returncode})"
+        result = {"status": status, "method": method, "lr": lr, "log_tail": log.read_text()[-8000:]}
+    result["launch_seconds"] = seconds
+    print(f"[convergence] {method} lr {lr:g}: {result['status']} in {seconds:.0f} s", flush=True)
+    return result
+
+
+def summarize(run: dict[str, Any]) -> dict[str, Any]:
+    """The curves, final scores, wall times and traffic of one worker result."""
+    if run["status"] != "ok":
+        return run
+    history = run["log_history"]
+    curve = [{"step": e["step"], "eval_loss": e["eval_loss"]} for e in history if "eval_loss" in e]
+    train_curve = [{"step": e["step"], "loss": e["loss"]} for e in history if "loss" in e]
+    eval_seconds = sum(e["eval_runtime"] for e in history if "eval_runtime" in e)
+    scores = run["final_scores"]
+    final_loss = curve[-1]["eval_loss"] if curve else math.nan
+    summary = {
+        "status": "ok",
+        "lr": run["lr"],
+        "topology": run["topology"],
+        "training_args": run["training_args"],
+        "curve": curve,
+        "train_loss_curve": train_curve,
+        "final_eval_loss": final_loss,
+        "best_eval_loss": min((p["eval_loss"] for p in curve), default=math.nan),
+        "bleu": scores.get("final_bleu"),
+        "chrf": scores.get("final_chrf"),
+        "gen_len": scores.get("final_gen_len"),
+        "train_wall_seconds": run["train_metrics"]["train_runtime"] - eval_seconds,
+        "eval_seconds_during_training": eval_seconds,
+        "bleu_seconds": run["bleu_seconds"],
+        "launch_seconds": run["launch_seconds"],
+    }
+    traffic = [e for e in history if "flexdemo/total_bytes_sent" in e]
+    if traffic:
+        per_step = [e["flexdemo/bytes_sent"] for e in traffic]
+        summary["bytes_sent"] = {
+            "source": "flexdemo/* Trainer logs, all ranks" + (
+                " (demo: every rank is a replica, so this counts its 3 peers, one of them on the same node)"
+                if run["topology"]["shard_size"] == 1 else " (inter-node)"),
+            "total": traffic[-1]["flexdemo/total_bytes_sent"],
+            "per_step": sum(per_step) / len(per_step),
+            "compression_ratio_vs_dense_fp32": traffic[-1].get("flexdemo/compression_ratio"),
+        }
+    else:
+        dense = run["dense_allreduce_bytes_per_step"]
+        summary["bytes_sent"] = {
+            "source": "estimate: ring all-reduce of each rank's fp32 gradient shard across nodes (no flexdemo logs)",
+            "total": dense * run["global_step"],
+            "per_step": dense,
+        }
+    return summary
+
+
+def machine(load_at_start: tuple[float, ...]) -> dict[str, Any]:
+    with open("/proc/cpuinfo") as handle:
+        models = [line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")]
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain"], capture_output=True, text=True)
+    return {
+        "nproc": os.cpu_count(),
+        "cpu_model": models[0] if models else platform.processor(),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "versions": {name: version(name) for name in VERSIONED},
+        "git_commit": commit.stdout.strip() or None,
+        "git_dirty": bool(dirty.stdout.strip()),
+        "loadavg_at_start": load_at_start,
+        "loadavg_at_end": os.getloadavg(),
+    }
+
+
+def learning_rates(args: argparse.Namespace) -> tuple[dict[str, float], dict[str, str]]:
+    """The learning rate of each method and where it comes from: command line, sweep file, or default."""
+    swept: dict[str, float] = {}
+    swept_by = ""
+    if args.sweep_file.exists():
+        sweep = json.loads(args.sweep_file.read_text())
+        swept = sweep["chosen_lrs"]
+        name = args.sweep_file.resolve()
+        name = name.relative_to(REPO) if name.is_relative_to(REPO) else name
+        swept_by = f"--lr_sweep: {name} ({sweep['command']!r}, {sweep['started_at']})"
+        differ = {k: v for k, v in sweep["settings"].items()
+                  if k not in ("methods", "bleu_samples") and settings(args).get(k) != v}
+        if differ:
+            swept_by += f"; swept with other settings: {differ}"
+    default = "built-in DEFAULT_LRS (the recipe's number-words choice; not swept on this data)"
+    lrs, sources = {}, {}
+    for method in args.methods:
+        for source, table in (("command line (--lrs)", dict(args.lrs)), (swept_by, swept), (default, DEFAULT_LRS)):
+            if method in table:
+                lrs[method], sources[method] = table[method], source
+                break
+    return lrs, sources
+
+
+def settings(args: argparse.Namespace) -> dict[str, Any]:
+    skipped = ("quick", "lr_sweep", "lrs", "out", "sweep_file", "timeout_s")
+    return {k: v for k, v in vars(args).items() if k not in skipped} | {"nproc": NPROC, "shard_size": SHARD_SIZE}
+
+
+def header(args: argparse.Namespace, started_at: str, clock: float, load: tuple[float, ...]) -> dict[str, Any]:
+    return {
+        "command": shlex.join(sys.orig_argv),
+        "preset": args.preset,
+        "started_at": started_at,
+        "duration_seconds": time.monotonic() - clock,
+        "machine": machine(load),
+        "topology": f"{NPROC // SHARD_SIZE} nodes x {SHARD_SIZE} processes (one torchrun, shard_size={SHARD_SIZE})",
+        "settings": settings(args),
+    }
+
+
+def sweep(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
+    """Every method at every learning rate of SWEEP_LRS; the lowest final validation loss wins."""
+    runs = {m: {f"{lr:g}": summarize(run_method(args, m, lr, 0, scratch)) for lr in SWEEP_LRS[m]}
+            for m in args.methods}
+    chosen, notes = {}, {}
+    for method, by_lr in runs.items():
+        finite = {lr: r["final_eval_loss"] for lr, r in by_lr.items()
+                  if r["status"] == "ok" and math.isfinite(r["final_eval_loss"])}
+        if not finite:
+            continue
+        best = min(finite, key=finite.get)
+        chosen[method] = float(best)
+        grid = [f"{lr:g}" for lr in SWEEP_LRS[method]]
+        if best in (grid[0], grid[-1]):
+            notes[method] = "best learning rate at the edge of the grid"
+    return {"sweep_lrs": SWEEP_LRS, "criterion": "lowest final validation loss", "chosen_lrs": chosen,
+            "notes": notes, "runs": runs}
+
+
+def compare(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
+    """Every method at its learning rate, with BLEU at the end; the gap of each to AdamW."""
+    lrs, source = learning_rates(args)
+    methods = {m: summarize(run_method(args, m, lrs[m], args.bleu_samples, scratch)) for m in args.methods}
+    reference = methods.get("adamw", {}).get("final_eval_loss")
+    gaps = {m: 100 * (r["final_eval_loss"] - reference) / reference
+            for m, r in methods.items() if m != "adamw" and r["status"] == "ok" and reference}
+    return {
+        "learning_rates": lrs,
+        "lr_source": source,
+        "methods": methods,
+        "final_eval_loss_gap_vs_adamw_pct": gaps,
+        "gap_target_pct": GAP_TARGET_PCT,
+        "flexdemo_within_target": abs(gaps["flexdemo"]) <= GAP_TARGET_PCT if "flexdemo" in gaps else None,
+    }
+
+
+def plot(methods: dict[str, dict[str, Any]], title: str, path: Path, gaps: dict[str, float] | None = None) -> None:
+    """Validation loss against step, one line per method (or method and learning rate)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for label, run in methods.items():
+        if run["status"] != "ok":
+            continue
+        bleu = "" if run.get("bleu") is None else f", BLEU {run['bleu']:.1f}"
+        gap = f", {gaps[label]:+.1f}% vs adamw" if gaps and label in gaps else ""
+        steps, losses = zip(*((p["step"], p["eval_loss"]) for p in run["curve"]), strict=True)
+        axes.plot(steps, losses, marker="o", markersize=3, label=f"{label} (lr {run['lr']:g}{bleu}{gap})")
+    axes.set_xlabel("optimizer step")
+    axes.set_ylabel("validation loss")
+    axes.set_title(title, fontsize=10)
+    axes.grid(True, alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def print_table(report: dict[str, Any]) -> None:
+    """The comparison as a Markdown table on stdout."""
+    columns = ["method", "lr", "final val loss", "best val loss", "gap vs adamw", "BLEU", "chrF",
+               "train s (no eval)", "bytes sent/step", "bytes sent total"]
+    print("| " + " | ".join(columns) + " |\n|" + "---|" * len(columns))
+    for method, r in report["methods"].items():
+        if r["status"] != "ok":
+            print(f"| {method} | {r['lr']:g} | {r['status']} |")
+            continue
+        gap = report["final_eval_loss_gap_vs_adamw_pct"].get(method)
+        traffic = r["bytes_sent"]
+        estimate = " (est.)" if traffic["source"].startswith("estimate") else ""
+        cells = [method, f"{r['lr']:g}", f"{r['final_eval_loss']:.4f}", f"{r['best_eval_loss']:.4f}",
+                 "-" if gap is None else f"{gap:+.2f}%", "-" if r["bleu"] is None else f"{r['bleu']:.2f}",
+                 "-" if r["chrf"] is None else f"{r['chrf']:.2f}", f"{r['train_wall_seconds']:.0f}",
+                 f"{traffic['per_step']:.4g}{estimate}", f"{traffic['total']:.4g}{estimate}"]
+        print("| " + " | ".join(cells) + " |")
+
+
+def main() -> None:
+    args = parse_args()
+    started_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    clock, load = time.monotonic(), os.getloadavg()  # other jobs on the machine slow the ranks down
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="fdm-convergence-") as scratch:
+        body = sweep(args, Path(scratch)) if args.lr_sweep else compare(args, Path(scratch))
+    report = header(args, started_at, clock, load) | body
+    args.out.write_text(json.dumps(report, indent=1))
+    topology = f"{NPROC // SHARD_SIZE} nodes x {SHARD_SIZE} CPU ranks"
+    if args.lr_sweep:
+        curves = {f"{m} lr {lr}": r for m, by_lr in body["runs"].items() for lr, r in by_lr.items()}
+        plot(curves, f"Learning-rate sweep ({args.preset}, {topology})", args.out.with_suffix(".png"))
+        print(f"[convergence] chosen learning rates: {body['chosen_lrs']} {body['notes'] or ''}")
+    else:
+        plot(body["methods"], f"Validation loss, T5 d{args.d_model} x{args.num_layers} on {args.source_lang}->"
+             f"{args.target_lang} ({topology})", args.out.with_suffix(".png"), body["final_eval_loss_gap_vs_adamw_pct"])
+        print_table(report)
+        for method, source in body["lr_source"].items():
+            print(f"[convergence] {method} learning rate from {source}")
+    print(f"[convergence] wrote {args.out} and {args.out.with_suffix('.png')} "
+          f"in {report['duration_seconds']:.0f} s", flush=True)
+    runs = body["runs"].values() if args.lr_sweep else [body["methods"]]
+    if any(r["status"] != "ok" for by_key in runs for r in by_key.values()):
+        sys.exit("[convergence] some runs failed: see their status and log_tail in the JSON")
+
+
+if __name__ == "__main__":
+    main()

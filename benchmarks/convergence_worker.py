@@ -1,0 +1,142 @@
+"""One convergence run (one method, one learning rate) on every rank of a ``torchrun`` job; see ``convergence.py``.
+
+Data, tokenizer and metrics come from the T5 recipe (``recipes/seq2seq.py``, on ``PYTHONPATH``), so the
+benchmark trains exactly what a user of the recipe trains. Evaluation loss is logged every ``--eval_steps``
+(and at step 0); BLEU and chrF are computed once at the end by greedy generation on the first
+``--bleu_samples`` validation pairs. Rank 0 writes the log history and the final scores to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import torch.distributed as dist
+from seq2seq import (
+    DataTrainingArguments,
+    ModelArguments,
+    Seq2SeqMetrics,
+    build_trainer,
+    load_raw_datasets,
+    load_tokenizer,
+    tokenize_splits,
+)
+from transformers import Seq2SeqTrainingArguments, T5ForConditionalGeneration, set_seed
+
+from hf_flexdemo import FlexDeMoConfig
+from hf_flexdemo.config import METHODS
+from hf_flexdemo.replicate import dense_allreduce_bytes
+from hf_flexdemo.tiny_t5 import tiny_t5_config
+
+TASK = "translation"
+REPORTED_ARGS = ("learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay", "max_grad_norm", "adam_beta1",
+                 "adam_beta2", "adam_epsilon", "per_device_train_batch_size", "per_device_eval_batch_size", "seed",
+                 "data_seed", "generation_max_length", "generation_num_beams")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--method", choices=METHODS, required=True)
+    parser.add_argument("--lr", type=float, required=True)
+    parser.add_argument("--train_file", required=True)
+    parser.add_argument("--validation_file", required=True)
+    parser.add_argument("--source_lang", default="en")
+    parser.add_argument("--target_lang", default="fr")
+    parser.add_argument("--max_source_length", type=int, default=64)
+    parser.add_argument("--max_target_length", type=int, default=64)
+    parser.add_argument("--vocab_size", type=int, default=4000)
+    parser.add_argument("--d_model", type=int, default=128)
+    parser.add_argument("--d_ff", type=int, default=512)
+    parser.add_argument("--num_layers", type=int, default=2)
+    parser.add_argument("--num_heads", type=int, default=4)
+    parser.add_argument("--max_steps", type=int, required=True)
+    parser.add_argument("--batch_size", type=int, default=16, help="sequences per rank per step")
+    parser.add_argument("--warmup_steps", type=int, default=0)
+    parser.add_argument("--eval_steps", type=int, required=True)
+    parser.add_argument("--logging_steps", type=int, required=True)
+    parser.add_argument("--bleu_samples", type=int, default=0, help="0: no generation, no BLEU")
+    parser.add_argument("--shard_size", type=int, default=2)
+    parser.add_argument("--compression_topk", type=int, default=4)
+    parser.add_argument("--compression_chunk", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--data_seed", type=int, default=42)
+    parser.add_argument("--output_dir", required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    training_args = Seq2SeqTrainingArguments(
+        output_dir=args.output_dir, use_cpu=True, max_steps=args.max_steps, learning_rate=args.lr,
+        lr_scheduler_type="linear", warmup_steps=args.warmup_steps, weight_decay=0.0,
+        per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=64,
+        eval_strategy="steps", eval_steps=args.eval_steps, eval_on_start=True, logging_steps=args.logging_steps,
+        save_strategy="no", report_to="none", disable_tqdm=True, seed=args.seed, data_seed=args.data_seed,
+        average_tokens_across_devices=False,  # as the recipe: T5's loss is a mean
+        predict_with_generate=False, generation_max_length=args.max_target_length, generation_num_beams=1,
+    )
+    data_args = DataTrainingArguments(
+        train_file=args.train_file, validation_file=args.validation_file, source_lang=args.source_lang,
+        target_lang=args.target_lang, max_source_length=args.max_source_length,
+        max_target_length=args.max_target_length,
+    )
+    with training_args.main_process_first(desc="loading data"):
+        splits, origin = load_raw_datasets(TASK, data_args, None, args.data_seed)
+    tokenizer = load_tokenizer(ModelArguments(tokenizer_vocab_size=args.vocab_size), splits, TASK, data_args)
+    set_seed(args.seed)  # the same initial weights on every rank and for every method
+    config = tiny_t5_config(len(tokenizer), d_model=args.d_model, num_layers=args.num_layers,
+                            num_heads=args.num_heads, d_ff=args.d_ff)
+    model = T5ForConditionalGeneration(config)
+    parameters = sum(p.numel() for p in model.parameters())
+    tokenized = tokenize_splits(splits, TASK, tokenizer, data_args, training_args)
+    flexdemo_config = FlexDeMoConfig(method=args.method, shard_size=args.shard_size,
+                                     compression_topk=args.compression_topk,
+                                     compression_chunk=args.compression_chunk)
+    trainer = build_trainer(model, training_args, flexdemo_config, tokenized, tokenizer, data_args, None)
+
+    start = time.perf_counter()
+    train_metrics = trainer.train().metrics
+    train_seconds = time.perf_counter() - start
+    scores: dict[str, float] = {}
+    bleu_seconds = 0.0
+    if args.bleu_samples:
+        trainer.args.predict_with_generate = True
+        trainer.compute_metrics = Seq2SeqMetrics(TASK, tokenizer)
+        subset = tokenized["validation"].select(range(min(args.bleu_samples, len(tokenized["validation"]))))
+        start = time.perf_counter()
+        # synced_gpus: every rank of an FSDP group must run the same number of decoding steps.
+        scores = trainer.evaluate(eval_dataset=subset, metric_key_prefix="final", synced_gpus=True)
+        bleu_seconds = time.perf_counter() - start
+    if dist.get_rank() == 0:
+        topology = trainer.topology
+        result = {
+            "method": args.method,
+            "lr": args.lr,
+            "topology": topology.as_dict(),
+            "parameters": parameters,
+            "vocab_size": len(tokenizer),
+            "examples": {name: len(split) for name, split in tokenized.items()},
+            "data": origin,
+            "training_args": {k: getattr(training_args, k) for k in REPORTED_ARGS},
+            "train_metrics": train_metrics,
+            "global_step": trainer.state.global_step,
+            "train_seconds_with_evals": train_seconds,
+            "bleu_seconds": bleu_seconds,
+            "final_scores": scores,
+            "log_history": trainer.state.log_history,
+            # What FSDP2 HSDP's fp32 gradient all-reduce across nodes puts on the wire per step, all ranks
+            # together (ring all-reduce of each rank's shard; FSDP padding ignored): the AdamW reference.
+            "dense_allreduce_bytes_per_step": topology.world_size * dense_allreduce_bytes(
+                parameters // topology.shard_size, topology.replicate_size),
+            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        }
+        args.out.write_text(json.dumps(result, indent=1))
+    dist.barrier()
+
+
+if __name__ == "__main__":
+    main()
