@@ -20,7 +20,6 @@ import contextlib
 import datetime
 import json
 import os
-import platform
 import shlex
 import signal
 import subprocess
@@ -29,10 +28,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
-import transformers
 from bandwidth_worker import METHODS, MODEL_SHAPES, NODES, RANKS_PER_NODE
 from emulated_link import EmulatedLink
+from machine import describe_machine
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -196,23 +194,6 @@ def rows(args: argparse.Namespace, runs: list[dict[str, object]]) -> list[dict[s
     return table
 
 
-def machine() -> dict[str, object]:
-    with open("/proc/cpuinfo") as handle:
-        models = [line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")]
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True)
-    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain"], capture_output=True, text=True)
-    return {
-        "nproc": os.cpu_count(),
-        "cpu_model": models[0] if models else platform.processor(),
-        "kernel": platform.release(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "git_commit": commit.stdout.strip() or None,
-        "git_dirty": bool(dirty.stdout.strip()),
-    }
-
-
 def plot(table: list[dict[str, object]], path: Path) -> None:
     """Median step time against link rate per method (log-log); 'unlimited' sits at 10x the top rate."""
     import matplotlib
@@ -299,7 +280,7 @@ def main() -> None:
         "duration_seconds": time.monotonic() - clock,
         "loadavg_at_start": load_at_start,
         "loadavg_at_end": os.getloadavg(),
-        "machine": machine(),
+        "machine": describe_machine(),
         "settings": settings,
         "model_shape": MODEL_SHAPES[args.model],
         "tokens_per_step": tokens_per_step(args),

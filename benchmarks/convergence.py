@@ -33,7 +33,6 @@ import datetime
 import json
 import math
 import os
-import platform
 import shlex
 import signal
 import socket
@@ -41,9 +40,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any
+
+from machine import describe_machine
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -66,7 +66,6 @@ PRESETS: dict[str, dict[str, Any]] = {
         "timeout_s": 4 * 3600,
     },
 }
-VERSIONED = ("torch", "transformers", "accelerate", "datasets", "evaluate", "sacrebleu", "tokenizers")
 
 
 def positive_int(text: str) -> int:
@@ -237,24 +236,6 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
     return summary
 
 
-def machine(load_at_start: tuple[float, ...]) -> dict[str, Any]:
-    with open("/proc/cpuinfo") as handle:
-        models = [line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")]
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True)
-    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain"], capture_output=True, text=True)
-    return {
-        "nproc": os.cpu_count(),
-        "cpu_model": models[0] if models else platform.processor(),
-        "kernel": platform.release(),
-        "python": platform.python_version(),
-        "versions": {name: version(name) for name in VERSIONED},
-        "git_commit": commit.stdout.strip() or None,
-        "git_dirty": bool(dirty.stdout.strip()),
-        "loadavg_at_start": load_at_start,
-        "loadavg_at_end": os.getloadavg(),
-    }
-
-
 def learning_rates(args: argparse.Namespace) -> tuple[dict[str, float], dict[str, str]]:
     """The learning rate of each method and where it comes from: command line, sweep file, or default."""
     swept: dict[str, float] = {}
@@ -290,7 +271,7 @@ def header(args: argparse.Namespace, started_at: str, clock: float, load: tuple[
         "preset": args.preset,
         "started_at": started_at,
         "duration_seconds": time.monotonic() - clock,
-        "machine": machine(load),
+        "machine": {**describe_machine(), "loadavg_at_start": load},
         "topology": f"{NPROC // SHARD_SIZE} nodes x {SHARD_SIZE} processes (one torchrun, shard_size={SHARD_SIZE})",
         "settings": settings(args),
     }

@@ -28,7 +28,6 @@ import contextlib
 import datetime
 import json
 import os
-import platform
 import shlex
 import statistics
 import subprocess
@@ -37,12 +36,12 @@ import tempfile
 import time
 import types
 from collections.abc import Callable, Iterator
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from machine import describe_machine
 from torch import Tensor
 from torch.distributed.tensor import DTensor
 from transformers import T5Config, T5ForConditionalGeneration
@@ -202,17 +201,6 @@ def table(methods: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
-
-
-def git(*argv: str) -> str:
-    return subprocess.run(["git", *argv], cwd=HERE.parent, capture_output=True, text=True).stdout.strip()
-
-
 def driver(args: argparse.Namespace) -> None:
     """Launch the ranks, then report and write the results."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -244,18 +232,11 @@ def driver(args: argparse.Namespace) -> None:
         "torchrun_command": shlex.join(launch[:-2]),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "duration_s": time.time() - started,
-        "git_commit": git("rev-parse", "HEAD"),
-        "git_status": git("status", "--porcelain", "--", "hf_flexdemo", "benchmarks/optimizer_step.py").splitlines(),
-        "nproc": os.cpu_count(),
+        "machine": describe_machine(),
         "nproc_per_node": NPROC,
         "omp_num_threads_per_rank": 1,
         "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
-        "cpu_model": cpu_model(),
         "loadavg_start": load_start,
-        "loadavg_end": os.getloadavg(),
-        "torch_version": torch.__version__,
-        "transformers_version": version("transformers"),
-        "detonation_version": version("detonation"),
         "model": args.model,
         "model_config": MODELS[args.model],
         "model_numel": methods["adamw"]["local_numel_per_rank"][0],
