@@ -106,3 +106,12 @@ def test_accelerate_launch_reads_the_topology_from_the_yaml(tmp_path):
     rank = torch.load(tmp_path / "rank0.pt", weights_only=False)
     assert rank["topology"] == {"world_size": 4, "shard_size": 2, "replicate_size": 2} and rank["fsdp"]
     assert rank["log_history"][0]["flexdemo/bytes_sent"] > 0
+
+
+def test_bf16_mixed_precision_trains_with_fp32_parameters(tmp_path):
+    ranks = run_worker("trainer_worker", 4, tmp_path, "--output_dir", str(tmp_path / "run"), "--steps", "10", "--bf16")
+    losses = list(_train_losses(ranks[0]["log_history"]).values())
+    assert losses[-1] < losses[0]
+    assert {v.dtype for v in ranks[0]["params"].values()} == {torch.float32}
+    for name, value in ranks[0]["params"].items():
+        assert torch.equal(value, ranks[2]["params"][name]), name
