@@ -10,7 +10,7 @@ setup:
 
 # The T5 translation recipe on its embedded default, on CPU, simulating 2 nodes x 2 processes.
 demo: setup
-	accelerate launch --config_file accelerate_configs/cpu_2x2.yaml \
+	$(PYTHON) -m accelerate.commands.launch --config_file accelerate_configs/cpu_2x2.yaml \
 		recipes/t5_translation.py --output_dir outputs/t5-number-words
 
 test: setup lint
