@@ -12,7 +12,6 @@ from .optimizer import FlexDeMo
 _SUMMED = ("bytes_sent", "bytes_received", "dense_bytes", "seconds")
 
 
-
 def unwrap_optimizer(optimizer: torch.optim.Optimizer | None) -> torch.optim.Optimizer | None:
     """The optimizer inside Accelerate's ``AcceleratedOptimizer`` wrapper."""
     return getattr(optimizer, "optimizer", optimizer)
