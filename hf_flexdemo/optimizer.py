@@ -49,7 +49,6 @@ def _check(ok: bool, name: str, value: Any, accepted: str) -> None:
         raise ValueError(f"FlexDeMo: invalid {name}={value!r}; accepted: {accepted}.")
 
 
-
 def validate_guards(on_nonfinite: str, drift_check_every: int, on_drift: str) -> None:
     """Raise ``ValueError`` naming the field and the accepted values for an invalid guard setting."""
     _check(on_nonfinite in guards.NONFINITE_ACTIONS, "on_nonfinite", on_nonfinite, " | ".join(guards.NONFINITE_ACTIONS))
@@ -169,9 +168,6 @@ class FlexDeMo(Optimizer):
         self.update = update
         self.replicator = replicator
         self.value_dtype = VALUE_DTYPES[value_dtype]
-        # Coefficients travel rounded to value_dtype, so the transform need not be more precise; error
-        # feedback still subtracts exactly what was sent (decoded in float32). bf16 GEMMs are ~3x faster.
-        self.transform_dtype = self.value_dtype
         self.on_nonfinite = on_nonfinite
         self.drift_check_every = drift_check_every
         self.on_drift = on_drift
@@ -284,11 +280,13 @@ class FlexDeMo(Optimizer):
         payload = []
         for bucket in buckets:
             layout, delta = bucket.layout, bucket.delta
+            # Coefficients travel rounded to value_dtype, so the transform runs in it too (bf16 GEMMs are ~3x
+            # faster); error feedback still subtracts exactly the rounded values, synthesised in float32.
             source = delta
-            if self.transform_dtype != delta.dtype:
-                source = self._workspace(2, delta, self.transform_dtype).copy_(delta)
-            coefficients = self._workspace(0, delta, self.transform_dtype)
-            scratch = self._workspace(1, delta, self.transform_dtype)
+            if self.value_dtype != delta.dtype:
+                source = self._workspace(2, delta, self.value_dtype).copy_(delta)
+            coefficients = self._workspace(0, delta, self.value_dtype)
+            scratch = self._workspace(1, delta, self.value_dtype)
             k = min(self.compression_topk, layout.block_numel)
             layout.dct(source, out=coefficients, scratch=scratch)
             indices, values, estimate = compression.compress(

@@ -70,7 +70,6 @@ class FlexDeMoTrainer(Trainer):
     def __init__(self, *args: Any, flexdemo_config: FlexDeMoConfig | None = None, **kwargs: Any) -> None:
         self.flexdemo_config = flexdemo_config or FlexDeMoConfig()
         training_args: TrainingArguments | None = kwargs.get("args", args[1] if len(args) > 1 else None)
-        model = kwargs.get("model", args[0] if args else None)
         if training_args is None:
             raise ValueError("FlexDeMoTrainer needs args=TrainingArguments(...).")
         self._init_distributed(training_args)
@@ -79,7 +78,7 @@ class FlexDeMoTrainer(Trainer):
         self.topology = Topology.resolve(training_args.world_size, shard_size)
         self._parallelism = parallelism_config(self.flexdemo_config.method, self.topology)
         self._fsdp_on_cpu = self._parallelism is not None and training_args.device.type == "cpu"
-        self._configure_accelerate(training_args, model)
+        self._configure_accelerate(training_args)
         super().__init__(*args, **kwargs)
         if self.is_fsdp_enabled:
             self._shard_model()
@@ -108,7 +107,7 @@ class FlexDeMoTrainer(Trainer):
             raise ValueError("optimizer_cls_and_kwargs is not accepted with method='flexdemo'/'demo': the "
                              "optimizer is FlexDeMo, configured by flexdemo_config.")
 
-    def _configure_accelerate(self, args: TrainingArguments, model: torch.nn.Module | None) -> None:
+    def _configure_accelerate(self, args: TrainingArguments) -> None:
         """Point ``args`` at the FSDP2 plugin and parallelism config of the chosen method."""
         if self._parallelism is None:
             args.fsdp_plugin_args = None
@@ -126,11 +125,10 @@ class FlexDeMoTrainer(Trainer):
     def create_accelerator_and_postprocess(self) -> None:
         with _without_env(_LAUNCHER_ENV), group_timeout(timedelta(seconds=self.args.ddp_timeout)):
             super().create_accelerator_and_postprocess()
-        if self._fsdp_on_cpu:
-            plugin = FullyShardedDataParallelPlugin(**self.args.fsdp_plugin_args)
-            with group_timeout(timedelta(seconds=self.args.ddp_timeout)):
+            if self._fsdp_on_cpu:
+                plugin = FullyShardedDataParallelPlugin(**self.args.fsdp_plugin_args)
                 enable_fsdp_on_cpu(self.accelerator, plugin, self._parallelism)
-            self.is_fsdp_enabled = True
+                self.is_fsdp_enabled = True
 
     def _shard_model(self) -> None:
         """FSDP2-shard the model before the optimizer is built (Accelerate then leaves it as it is).
