@@ -771,7 +771,9 @@ def main(task: str) -> None:
         eval_metrics = trainer.evaluate(metric_key_prefix="eval")
         trainer.log_metrics("eval", eval_metrics)
         trainer.save_metrics("eval", eval_metrics)
-    if not trainer.is_world_process_zero():
+    main_process = trainer.is_world_process_zero()
+    trainer.accelerator.end_training()  # destroys the process group: exiting with it alive can abort a rank
+    if not main_process:
         return
     if metrics and metrics.predictions and data_args.print_examples:
         sources, _ = source_and_target_texts(splits["validation"], task, data_args)

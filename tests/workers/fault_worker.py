@@ -48,6 +48,7 @@ def main() -> None:
     trainer = CrashingTrainer(model=tiny_t5(), args=training_args, train_dataset=reverse_task(4096),
                               flexdemo_config=FlexDeMoConfig(shard_size=2))
     trainer.train(resume_from_checkpoint=True if args.resume else None)
+    trainer.accelerator.end_training()  # destroys the process group: exiting with it alive can abort a rank
 
 
 if __name__ == "__main__":

@@ -86,7 +86,7 @@ def main() -> None:
     torch.save(result, args.out / f"rank{dist.get_rank()}.pt")
     if dist.get_rank() == 0:
         (args.out / "log_history.json").write_text(json.dumps(trainer.state.log_history))
-    dist.barrier()
+    trainer.accelerator.end_training()  # destroys the process group: exiting with it alive can abort a rank
 
 
 if __name__ == "__main__":
