@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bandwidth_worker import METHODS, MODEL_SHAPES, NODES, RANKS_PER_NODE
+from bandwidth_worker import METHODS, MODEL_SHAPES, NODES, RANKS_PER_NODE, model_config
 from emulated_link import EmulatedLink
 from machine import describe_machine
 
@@ -282,7 +282,7 @@ def main() -> None:
         "loadavg_at_end": os.getloadavg(),
         "machine": describe_machine(),
         "settings": settings,
-        "model_shape": MODEL_SHAPES[args.model],
+        "model_shape": model_config(args.model).to_diff_dict(),
         "tokens_per_step": tokens_per_step(args),
         "rows": table,
         "runs": runs,

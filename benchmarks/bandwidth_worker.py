@@ -28,13 +28,11 @@ from transformers import T5Config, T5ForConditionalGeneration
 
 from hf_flexdemo import FlexDeMo, build_hybrid_mesh, shard_model
 from hf_flexdemo.replicate import dense_allreduce_bytes
+from hf_flexdemo.tiny_t5 import T5_VOCAB_SIZE, named_t5_config
 
 METHODS = ("adamw", "demo", "flexdemo", "flexdemo_full", "compute_only")
-MODEL_SHAPES = {
-    "t5-small": {"d_model": 512, "d_ff": 2048, "d_kv": 64, "num_layers": 6, "num_heads": 8,
-                 "vocab_size": 32128},
-    "t5-tiny": {"d_model": 128, "d_ff": 512, "d_kv": 32, "num_layers": 2, "num_heads": 4, "vocab_size": 4096},
-}
+# --model -> (configuration name of hf_flexdemo.tiny_t5, where the published shapes are; vocabulary size)
+MODEL_SHAPES = {"t5-small": ("t5-small", T5_VOCAB_SIZE), "t5-tiny": ("tiny", 4096)}
 NODES = 2
 RANKS_PER_NODE = 2
 T = TypeVar("T")
@@ -57,13 +55,19 @@ class Setup:
 def build_model(shape: str, seed: int) -> nn.Module:
     """The T5 of ``shape`` from config (no download), identically initialised on every rank."""
     torch.manual_seed(seed)
-    config = T5Config(**MODEL_SHAPES[shape], dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0)
-    return T5ForConditionalGeneration(config)
+    return T5ForConditionalGeneration(model_config(shape))
+
+
+def model_config(shape: str) -> T5Config:
+    """The T5 configuration of ``shape`` (``MODEL_SHAPES``), dropout off."""
+    config = named_t5_config(*MODEL_SHAPES[shape])
+    config.dropout_rate = 0.0
+    return config
 
 
 def random_batches(shape: str, args: argparse.Namespace, count: int = 4) -> list[dict[str, torch.Tensor]]:
     """Fixed-shape random-token batches, different on every rank (data parallel)."""
-    vocab = MODEL_SHAPES[shape]["vocab_size"]
+    vocab = MODEL_SHAPES[shape][1]
     generator = torch.Generator().manual_seed(args.seed * 1000 + dist.get_rank())
     return [
         {

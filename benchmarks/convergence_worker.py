@@ -4,6 +4,8 @@ Data, tokenizer and metrics come from the T5 recipe (``recipes/seq2seq.py``, on 
 benchmark trains exactly what a user of the recipe trains. Evaluation loss is logged every ``--eval_steps``
 (and at step 0); BLEU and chrF are computed once at the end by greedy generation on the first
 ``--bleu_samples`` validation pairs. Rank 0 writes the log history and the final scores to ``--out``.
+``--stop_at_eval_loss`` and ``--max_train_seconds`` end training early on every rank at the same step
+(``time_to_target.py``).
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ import argparse
 import json
 import os
 import time
+from dataclasses import asdict
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 from seq2seq import (
     DataTrainingArguments,
@@ -24,7 +28,13 @@ from seq2seq import (
     load_tokenizer,
     tokenize_splits,
 )
-from transformers import Seq2SeqTrainingArguments, T5ForConditionalGeneration, set_seed
+from transformers import (
+    HfArgumentParser,
+    Seq2SeqTrainingArguments,
+    T5ForConditionalGeneration,
+    TrainerCallback,
+    set_seed,
+)
 
 from hf_flexdemo import FlexDeMoConfig
 from hf_flexdemo.config import METHODS
@@ -59,20 +69,72 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--logging_steps", type=int, required=True)
     parser.add_argument("--bleu_samples", type=int, default=0, help="0: no generation, no BLEU")
     parser.add_argument("--shard_size", type=int, default=2)
-    parser.add_argument("--compression_topk", type=int, default=4)
-    parser.add_argument("--compression_chunk", type=int, default=64)
+    parser.add_argument("--adam_beta1", type=float, default=0.9, help="TrainingArguments.adam_beta1 (AdamW and "
+                        "FlexDeMo's update='adamw')")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--data_seed", type=int, default=42)
+    parser.add_argument("--stop_at_eval_loss", type=float, help="stop at the first evaluation at or below this loss")
+    parser.add_argument("--max_train_seconds", type=float, help="stop (with a last evaluation) once the slowest "
+                        "rank's training seconds reach this; one 4-byte all-reduce per step decides it")
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--out", type=Path, required=True)
-    return parser.parse_args()
+    args, flexdemo = parser.parse_known_args()
+    # Every other flag is a FlexDeMoConfig field (--compression_rate 0.125 ...), parsed as the recipes parse it.
+    (args.flexdemo,) = HfArgumentParser(FlexDeMoConfig).parse_args_into_dataclasses(
+        args=[*flexdemo, "--method", args.method, "--shard_size", str(args.shard_size)])
+    return args
+
+
+class TrainClock(TrainerCallback):
+    """Training seconds (wall clock since the start, evaluations excluded) at every evaluation."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.eval_seconds = 0.0
+        self.points: list[dict[str, float]] = []
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs) -> None:
+        runtime = next((v for k, v in (metrics or {}).items() if k.endswith("_runtime")), 0.0)
+        self.eval_seconds += runtime
+        self.points.append({"step": state.global_step, "train_seconds": time.perf_counter() - self.start
+                            - self.eval_seconds})
+
+
+class StopRule(TrainerCallback):
+    """Ends training early, on every rank at the same step (time_to_target.py).
+
+    At the first evaluation whose loss is at or below ``target`` (the metric is gathered over all ranks, so
+    every rank decides alike); or once the slowest rank's training seconds (``clock``'s, evaluations
+    excluded) reach ``budget``: a MAX all-reduce of one int32 per step makes that decision job-wide, and
+    a last evaluation is run at that step so the curve ends where training did.
+    """
+
+    def __init__(self, clock: TrainClock, target: float | None, budget: float | None) -> None:
+        self.clock, self.target, self.budget = clock, target, budget
+        self.stopped_by: str | None = None
+
+    def on_step_end(self, args, state, control, **kwargs) -> None:
+        if self.budget is None or state.global_step >= state.max_steps:
+            return
+        over = torch.tensor([time.perf_counter() - self.clock.start - self.clock.eval_seconds >= self.budget],
+                            dtype=torch.int32)
+        dist.all_reduce(over, op=dist.ReduceOp.MAX)
+        if over.item():
+            control.should_training_stop = control.should_evaluate = True
+            self.stopped_by = f"max_train_seconds {self.budget:g} at step {state.global_step}"
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs) -> None:
+        loss = (metrics or {}).get("eval_loss")
+        if self.target is not None and loss is not None and loss <= self.target and state.global_step > 0:
+            control.should_training_stop = True
+            self.stopped_by = f"eval_loss {loss:.4f} <= {self.target:.4f} at step {state.global_step}"
 
 
 def main() -> None:
     args = parse_args()
     training_args = Seq2SeqTrainingArguments(
         output_dir=args.output_dir, use_cpu=True, max_steps=args.max_steps, learning_rate=args.lr,
-        lr_scheduler_type="linear", warmup_steps=args.warmup_steps, weight_decay=0.0,
+        lr_scheduler_type="linear", warmup_steps=args.warmup_steps, weight_decay=0.0, adam_beta1=args.adam_beta1,
         per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=64,
         eval_strategy="steps", eval_steps=args.eval_steps, eval_on_start=True, logging_steps=args.logging_steps,
         save_strategy="no", report_to="none", disable_tqdm=True, seed=args.seed, data_seed=args.data_seed,
@@ -93,14 +155,14 @@ def main() -> None:
     model = T5ForConditionalGeneration(config)
     parameters = sum(p.numel() for p in model.parameters())
     tokenized = tokenize_splits(splits, TASK, tokenizer, data_args, training_args)
-    flexdemo_config = FlexDeMoConfig(method=args.method, shard_size=args.shard_size,
-                                     compression_topk=args.compression_topk,
-                                     compression_chunk=args.compression_chunk)
-    trainer = build_trainer(model, training_args, flexdemo_config, tokenized, tokenizer, data_args, None)
+    trainer = build_trainer(model, training_args, args.flexdemo, tokenized, tokenizer, data_args, None)
 
-    start = time.perf_counter()
+    clock = TrainClock()
+    trainer.add_callback(clock)
+    stop_rule = StopRule(clock, args.stop_at_eval_loss, args.max_train_seconds)
+    trainer.add_callback(stop_rule)
     train_metrics = trainer.train().metrics
-    train_seconds = time.perf_counter() - start
+    train_seconds = time.perf_counter() - clock.start
     scores: dict[str, float] = {}
     bleu_seconds = 0.0
     if args.bleu_samples:
@@ -116,6 +178,7 @@ def main() -> None:
         result = {
             "method": args.method,
             "lr": args.lr,
+            "flexdemo_config": asdict(args.flexdemo),
             "topology": topology.as_dict(),
             "parameters": parameters,
             "vocab_size": len(tokenizer),
@@ -128,6 +191,9 @@ def main() -> None:
             "bleu_seconds": bleu_seconds,
             "final_scores": scores,
             "log_history": trainer.state.log_history,
+            "train_clock": clock.points,
+            "stop_rule": {"stop_at_eval_loss": args.stop_at_eval_loss, "max_train_seconds": args.max_train_seconds,
+                          "stopped_by": stop_rule.stopped_by},
             # What FSDP2 HSDP's fp32 gradient all-reduce across nodes puts on the wire per step, all ranks
             # together (ring all-reduce of each rank's shard; FSDP padding ignored): the AdamW reference.
             "dense_allreduce_bytes_per_step": topology.world_size * dense_allreduce_bytes(

@@ -6,9 +6,10 @@ gradients (seeded per rank) on its parameters and times ``optimizer.step()`` alo
 barrier before each step. A step's time is the slowest rank's. Methods, in this order:
 
 * ``adamw``: ``torch.optim.AdamW`` with torch's defaults, local (no communication);
-* ``flexdemo``: ``FlexDeMo`` (sign, top-k 4, chunk 64, bf16 values), plain tensors, the 2 ranks are 2 replicas
-  (shard size 1, replicate group = world: DDP style);
-* ``reference``: PyPI ``detonation`` 0.5.2, ``DeToSGD`` + ``DeMoReplicator`` (top-k 4, chunk 64) in DDP mode
+* ``flexdemo``: ``FlexDeMo`` at the package defaults (sign, rate ``DEFAULT_RATE`` of ``DEFAULT_CHUNK``-sided blocks,
+  bf16 values), plain tensors, the 2 ranks are 2 replicas (shard size 1, replicate group = world: DDP style);
+* ``reference``: PyPI ``detonation`` 0.5.2, ``DeToSGD`` + ``DeMoReplicator`` at the same density (top-k
+  ``DEFAULT_RATE * DEFAULT_CHUNK**2`` of each block) in DDP mode
   (a size-1 sharding group per rank, replication group = world);
 * ``flexdemo_sharded``: ``FlexDeMo`` on FSDP2 shards (``build_hybrid_mesh(shard_size=2)``, one node: no exchange).
 
@@ -44,18 +45,20 @@ import torch.distributed as dist
 from machine import describe_machine
 from torch import Tensor
 from torch.distributed.tensor import DTensor
-from transformers import T5Config, T5ForConditionalGeneration
+from transformers import T5ForConditionalGeneration
 
 from hf_flexdemo import FlexDeMo, build_hybrid_mesh, shard_model
+from hf_flexdemo.optimizer import DEFAULT_CHUNK, DEFAULT_RATE
+from hf_flexdemo.tiny_t5 import T5_VOCAB_SIZE, named_t5_config
 
 HERE = Path(__file__).resolve().parent
 NPROC = 2
 LR = 1e-3
-TOPK, CHUNK = 4, 64
-MODELS = {
-    "t5-small": {"d_model": 512, "d_ff": 2048, "d_kv": 64, "num_layers": 6, "num_heads": 8, "vocab_size": 32128},
-    "tiny": {"d_model": 128, "d_ff": 512, "d_kv": 32, "num_layers": 2, "num_heads": 4, "vocab_size": 4096},
-}
+# FlexDeMo at the package defaults; the reference at the same density (its fixed top-k per chunk x chunk block).
+CHUNK = DEFAULT_CHUNK
+TOPK = round(DEFAULT_RATE * CHUNK * CHUNK)
+# --model: a configuration name of hf_flexdemo.tiny_t5 (published shapes there) -> vocabulary size
+MODELS = {"t5-small": T5_VOCAB_SIZE, "tiny": 4096}
 METHODS = ("adamw", "flexdemo", "reference", "flexdemo_sharded")
 TARGET_STEP_RATIO, TARGET_BYTES_PER_COEFFICIENT = 2.0, 4.0
 
@@ -114,7 +117,7 @@ def random_grad(param: Tensor, generator: torch.Generator) -> Tensor:
 def measure(method: str, args: argparse.Namespace) -> dict[str, Any]:
     """Warm up, then time ``args.steps`` optimizer steps of ``method``; this rank's times and traffic."""
     torch.manual_seed(0)
-    model = T5ForConditionalGeneration(T5Config(**MODELS[args.model]))
+    model = T5ForConditionalGeneration(named_t5_config(args.model, MODELS[args.model]))
     if method == "flexdemo_sharded":
         shard_model(model, build_hybrid_mesh(shard_size=NPROC))
     params = [p for p in model.parameters() if p.requires_grad]
@@ -132,7 +135,7 @@ def measure(method: str, args: argparse.Namespace) -> dict[str, Any]:
                               replication_parallel_group=dist.group.WORLD)
     else:
         group = dist.group.WORLD if method == "flexdemo" else None
-        optimizer = FlexDeMo(params, lr=LR, replicate_group=group, compression_topk=TOPK, compression_chunk=CHUNK)
+        optimizer = FlexDeMo(params, lr=LR, replicate_group=group)
     times = []
     for step in range(args.warmup + args.steps):
         for param, grad in zip(params, grads):
@@ -238,11 +241,12 @@ def driver(args: argparse.Namespace) -> None:
         "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
         "loadavg_start": load_start,
         "model": args.model,
-        "model_config": MODELS[args.model],
+        "model_config": named_t5_config(args.model, MODELS[args.model]).to_diff_dict(),
         "model_numel": methods["adamw"]["local_numel_per_rank"][0],
         "warmup_steps": args.warmup,
         "timed_steps": args.steps,
-        "settings": {"lr": LR, "compression_topk": TOPK, "compression_chunk": CHUNK, "flexdemo_update": "sign",
+        "settings": {"lr": LR, "compression_rate": DEFAULT_RATE, "compression_chunk": CHUNK, "reference_topk": TOPK,
+                     "flexdemo_update": "sign",
                      "flexdemo_value_dtype": "bfloat16",
                      "adamw": "torch.optim.AdamW defaults (on CPU: the for-loop implementation)"},
         "timing": "optimizer.step() wall time after a barrier; per step the slowest rank; median and IQR over steps",

@@ -9,7 +9,7 @@ from transformers.trainer_callback import ExportableState
 
 from .optimizer import FlexDeMo
 
-_SUMMED = ("bytes_sent", "bytes_received", "dense_bytes", "seconds")
+_SUMMED = ("bytes_sent", "bytes_received", "dense_bytes")
 
 
 def unwrap_optimizer(optimizer: torch.optim.Optimizer | None) -> torch.optim.Optimizer | None:
@@ -22,7 +22,9 @@ class CommMetricsCallback(TrainerCallback, ExportableState):
 
     :meth:`collect` (a collective: every rank calls it at each logging step) returns job-wide values:
     bytes summed over all ranks per optimizer step, averaged over the steps since the last log;
-    ``comm_seconds`` is the mean time a rank spent in inter-node collectives per step.
+    ``comm_seconds`` is the mean time a rank spent in inter-node collectives per step (read from the
+    optimizer's timer here, at logging time: on CUDA it is measured with events, which must not be read
+    inside the step).
     """
 
     def __init__(self, total_bytes_sent: float = 0.0) -> None:
@@ -35,14 +37,15 @@ class CommMetricsCallback(TrainerCallback, ExportableState):
             stats = inner.comm_stats
             self._window += torch.tensor([*(float(stats[k]) for k in _SUMMED), 1.0], dtype=torch.float64)
 
-    def collect(self, device: torch.device) -> dict[str, float]:
-        window = self._window.to(device)
+    def collect(self, device: torch.device, optimizer: FlexDeMo) -> dict[str, float]:
+        window = torch.cat([self._window, torch.tensor([optimizer.pop_exchange_seconds()], dtype=torch.float64)])
+        window = window.to(device)
         world = 1
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(window)
             world = dist.get_world_size()
         self._window.zero_()
-        sent, received, dense, seconds, steps = window.tolist()
+        sent, received, dense, steps, seconds = window.tolist()
         steps = max(steps / world, 1.0)  # every rank counted the same steps
         self.total_bytes_sent += sent
         logs = {

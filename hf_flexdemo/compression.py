@@ -1,10 +1,19 @@
-"""DeMo's momentum compression: per-block DCT top-k selection and the decode of several replicas.
+"""DeMo's momentum compression: which coefficients of each DCT block travel, and how replicas' payloads decode.
 
-``compress`` picks, in every block, the ``k`` DCT coefficients of largest magnitude and returns the
-signal they represent (what leaves the local momentum by error feedback). ``decode`` turns the
-payloads of all replicas into one update with DeMo's semantics: a coefficient chosen by some
-replicas takes the mean over those that chose it. The sum runs in a fixed replica order, so every
-replica computes bit-identical results from the same gathered payload.
+A payload is, per block, ``k`` flat positions and their coefficients. ``k`` follows from a rate (the
+fraction of each block that travels, the same at any shard shape) or from DeMo's fixed top-``k``.
+
+* ``select_topk`` picks the ``k`` coefficients of largest magnitude in every block (``replicator="demo"``);
+* ``select_random`` picks ``k`` positions per block from a generator every replica seeds identically, so
+  only the values need to travel (``replicator="random"``);
+* ``scatter_mean`` turns the payloads of all replicas into one dense coefficient tensor with DeMo's
+  semantics: a coefficient chosen by some replicas takes the mean over those that chose it
+  (``scatter_reduce(mean, include_self=False)``). Replicas are added one at a time in a fixed order, so
+  every replica computes bit-identical results from the same gathered payload, and the memory is
+  that of the dense coefficients plus the payload: ``O(numel + R * blocks * k)``.
+
+Everything stays in the matrix layout of :class:`~hf_flexdemo.dct.BlockLayout`: a dense coefficient
+tensor goes back to a signal with :meth:`BlockLayout.idct` (two GEMMs).
 """
 
 from __future__ import annotations
@@ -12,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .dct import BlockLayout, idct2, synthesize
+from .dct import BlockLayout
 
 
 def index_dtype(block_numel: int) -> torch.dtype:
@@ -20,55 +29,53 @@ def index_dtype(block_numel: int) -> torch.dtype:
     return torch.int16 if block_numel <= torch.iinfo(torch.int16).max + 1 else torch.int32
 
 
-def inverse_sparse(
-    indices: Tensor, values: Tensor, block: tuple[int, int], out: Tensor | None = None
-) -> Tensor:
-    """Signal of ``(N, R, k)`` sparse coefficients summed over ``R`` (positions unique per ``R`` row).
-
-    Small ``R * k`` synthesises the basis functions directly; large ``R * k`` scatters into a dense
-    coefficient block (one replica at a time, so no two writes race) and runs :func:`idct2`.
-    The result lands in ``out`` (``(N, n1, n2)``) when given.
-    """
-    num_blocks, replicas, k = indices.shape
-    n1, n2 = block
-    if replicas * k < n1 + n2:
-        return synthesize(indices.reshape(num_blocks, -1), values.reshape(num_blocks, -1), block, out)
-    coefficients = values.new_zeros(num_blocks, n1 * n2)
-    indices = indices.long()
-    for r in range(replicas):
-        coefficients.scatter_add_(1, indices[:, r], values[:, r])
-    signal = idct2(coefficients.view(num_blocks, n1, n2))
-    return signal if out is None else out.copy_(signal)
+def kept_per_block(block_numel: int, rate: float | None, topk: int | None) -> int:
+    """Coefficients kept in a block of ``block_numel``: ``topk``, or ``rate * block_numel`` rounded, at least 1."""
+    k = topk if topk is not None else round(rate * block_numel)
+    return max(1, min(k, block_numel))
 
 
-def compress(
-    coefficients: Tensor, layout: BlockLayout, k: int, value_dtype: torch.dtype, magnitude: Tensor, estimate: Tensor
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Top-``k`` coefficients of each block of ``(P, *shape)`` DCT coefficients (matrix layout).
+def select_topk(coefficients: Tensor, layout: BlockLayout, k: int, magnitude: Tensor) -> Tensor:
+    """``(N, k)`` flat in-block positions of the ``k`` largest ``|C|`` of every block of ``(P, *shape)``.
 
-    Returns ``(indices, values, estimate)``: ``(N, k)`` flat positions inside each block
-    (``index_dtype``), the coefficients rounded to ``value_dtype`` as they travel, and the
-    ``(N, n1, n2)`` signal those rounded values represent, in ``estimate``'s dtype (float32:
-    error feedback subtracts exactly what the receivers decode). ``magnitude`` and ``estimate`` are
-    scratch buffers of the coefficients' size.
+    ``magnitude`` is a scratch buffer of the coefficients' size (blocks are copied into it contiguously).
     """
     blocks = layout.blocks(coefficients)
     magnitude = magnitude.view(blocks.shape)
     torch.abs(blocks, out=magnitude)
-    indices = magnitude.view(-1, layout.block_numel).topk(k, dim=1, sorted=False).indices
-    positions = layout.flat_positions(coefficients.shape[0], indices)
-    values = coefficients.reshape(-1)[positions].to(value_dtype)
-    estimate = inverse_sparse(
-        indices.unsqueeze(1), values.unsqueeze(1).to(estimate.dtype), layout.block,
-        out=estimate.view(-1, *layout.block),
-    )
-    return indices.to(index_dtype(layout.block_numel)), values, estimate
+    return magnitude.view(-1, layout.block_numel).topk(k, dim=1, sorted=False).indices
 
 
-def decode(indices: Tensor, values: Tensor, block: tuple[int, int], out: Tensor | None = None) -> Tensor:
-    """Mean-over-choosers signal of ``(R, N, k)`` payloads from ``R`` replicas -> ``(N, n1, n2)``."""
-    indices = indices.long().transpose(0, 1)
-    values = values.float().transpose(0, 1)
-    flat = indices.flatten(1)
-    choosers = (flat.unsqueeze(2) == flat.unsqueeze(1)).sum(-1).view_as(values)
-    return inverse_sparse(indices, values / choosers, block, out)
+def select_random(layout: BlockLayout, count: int, k: int, generator: torch.Generator) -> Tensor:
+    """``(N, k)`` distinct random in-block positions for ``count`` stacked tensors, from ``generator``."""
+    scores = torch.rand(count * layout.num_blocks, layout.block_numel, generator=generator,
+                        device=generator.device)
+    return scores.topk(k, dim=1, sorted=False).indices
+
+
+def gather(
+    coefficients: Tensor, layout: BlockLayout, indices: Tensor, value_dtype: torch.dtype
+) -> tuple[Tensor, Tensor]:
+    """``(positions, values)``: flat positions in ``coefficients`` of in-block ``indices``, and the
+    coefficients there, rounded to ``value_dtype`` as they travel."""
+    positions = layout.flat_positions(coefficients.shape[0], indices).view(-1)
+    return positions, coefficients.reshape(-1)[positions].to(value_dtype)
+
+
+def scatter_mean(positions: Tensor, values: Tensor, out: Tensor, counts: Tensor | None) -> Tensor:
+    """Dense ``out`` holding, at every position some replica chose, the mean of the chosen values.
+
+    ``positions``/``values`` are ``(R, M)``: each row one replica's flat positions (unique within the
+    row) and values. ``counts`` is a scratch buffer of ``out``'s size (unused, may be ``None``, when
+    ``R == 1``). Rows are added in order, so the result does not depend on the device's scheduling.
+    """
+    flat = out.view(-1).zero_()
+    for where, value in zip(positions, values):
+        flat.index_add_(0, where, value.to(out.dtype))
+    if positions.shape[0] > 1:
+        chooser = counts.view(-1).zero_()
+        ones = torch.ones(positions.shape[1], dtype=out.dtype, device=out.device)
+        for where in positions:
+            chooser.index_add_(0, where, ones)
+        flat.div_(chooser.clamp_(min=1))
+    return out

@@ -1,13 +1,20 @@
-"""``FlexDeMoConfig``: the training setup in one dataclass that ``HfArgumentParser`` can fill."""
+"""``FlexDeMoConfig``: the training setup in one dataclass that ``HfArgumentParser`` can fill.
+
+Choices are ``Literal`` types, so ``--help`` lists them and argparse refuses anything else; the
+optimizer validates the same fields again (with the accepted values in the message) when the config
+is built in code.
+"""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
-from .optimizer import REPLICATORS, UPDATES, VALUE_DTYPES, validate_compression, validate_guards
+from .guards import DriftAction, NonfiniteAction
+from .optimizer import DEFAULT_CHUNK, DEFAULT_RATE, Momentum, Replicator, Update, ValueDtype, validate_knobs
 
-METHODS = ("flexdemo", "demo", "adamw")
+Method = Literal["flexdemo", "demo", "adamw"]
+METHODS: tuple[str, ...] = get_args(Method)
 
 
 @dataclass
@@ -19,22 +26,34 @@ class FlexDeMoConfig:
     * ``adamw``: the stock baseline: FSDP2 HSDP (dense all-reduce across nodes) with torch AdamW.
     """
 
-    method: str = field(default="flexdemo", metadata={"help": f"Training setup: {' | '.join(METHODS)}."})
-    compression_topk: int = field(default=4, metadata={"help": "DCT coefficients kept per block."})
-    compression_chunk: int = field(default=64, metadata={"help": "Largest DCT block side."})
-    compression_decay: float = field(default=0.999, metadata={"help": "Momentum decay in [0, 1)."})
-    update: str = field(default="sign", metadata={"help": f"Update rule: {' | '.join(UPDATES)}."})
-    replicator: str = field(default="demo", metadata={"help": f"Cross-node exchange: {' | '.join(REPLICATORS)}."})
-    value_dtype: str = field(
-        default="bfloat16", metadata={"help": f"Wire type of coefficients: {' | '.join(VALUE_DTYPES)}."}
+    method: Method = field(default="flexdemo", metadata={"help": "Training setup."})
+    compression_rate: float | None = field(
+        default=None,
+        metadata={"help": f"Fraction of each DCT block's coefficients that travels between nodes (default "
+                          f"{DEFAULT_RATE:g} unless compression_topk is set)."},
     )
-    on_nonfinite: str = field(
+    compression_topk: int | None = field(
+        default=None, metadata={"help": "DeMo's convention instead of a rate: coefficients kept per block."}
+    )
+    compression_chunk: int = field(default=DEFAULT_CHUNK, metadata={"help": "Largest DCT block side."})
+    compression_decay: float = field(default=0.999, metadata={"help": "Momentum decay in [0, 1)."})
+    compression_feedback: float = field(
+        default=1.0, metadata={"help": "Fraction of the sent signal error feedback removes from the momentum."}
+    )
+    momentum: Momentum = field(
+        default="lr", metadata={"help": "A gradient enters the momentum as lr * g (lr) or (1 - decay) * g (ema)."}
+    )
+    update: Update = field(default="sign", metadata={"help": "Update rule."})
+    replicator: Replicator = field(default="demo", metadata={"help": "Cross-node exchange."})
+    value_dtype: ValueDtype = field(default="bfloat16", metadata={"help": "Wire type of coefficients."})
+    replicator_seed: int = field(default=0, metadata={"help": "Seed of replicator='random''s shared positions."})
+    on_nonfinite: NonfiniteAction = field(
         default="skip", metadata={"help": "A NaN/Inf gradient on any rank: every rank skips the step, or raises."}
     )
     drift_check_every: int = field(
         default=100, metadata={"help": "Compare parameter fingerprints across nodes every N steps (0: never)."}
     )
-    on_drift: str = field(default="raise", metadata={"help": "Replicas found different: raise | resync."})
+    on_drift: DriftAction = field(default="raise", metadata={"help": "Replicas found different."})
     shard_size: int | None = field(
         default=None,
         metadata={"help": "Processes per node (FSDP group size). Default: from the launcher (accelerate's "
@@ -48,9 +67,7 @@ class FlexDeMoConfig:
             raise ValueError(
                 f"FlexDeMoConfig: invalid shard_size={self.shard_size!r}; accepted: None or an integer >= 1."
             )
-        validate_compression(self.compression_topk, self.compression_chunk, self.compression_decay, self.update,
-                             self.replicator, self.value_dtype)
-        validate_guards(self.on_nonfinite, self.drift_check_every, self.on_drift)
+        validate_knobs(**self.optimizer_kwargs())
 
     def optimizer_kwargs(self) -> dict[str, Any]:
         """The FlexDeMo constructor arguments this config sets."""

@@ -4,11 +4,11 @@ A tensor is viewed as a matrix (a vector is a ``1 x n`` matrix, higher ranks fol
 dimensions) and cut into ``n1 x n2`` blocks, ``n1``/``n2`` being the largest divisors of each
 dimension not above the chunk size. Each block is transformed with ``C = D1 X D2^T`` where ``D`` is
 the orthonormal DCT-II matrix, so the inverse is ``X = D1^T C D2`` and a sparse set of coefficients
-can be synthesised without a dense inverse transform.
+is the same two GEMMs with transposed bases.
 
 Coefficients stay in the matrix layout (block ``(i, j)`` occupies the same rows and columns as its
-signal), so the forward transform is two GEMMs over the stacked shards and no copy into a block
-layout is needed; :meth:`BlockLayout.blocks` is a strided view of the blocks.
+signal), so the forward and the inverse transform are two GEMMs each over the stacked shards and no
+copy into a block layout is needed; :meth:`BlockLayout.blocks` is a strided view of the blocks.
 """
 
 from __future__ import annotations
@@ -85,46 +85,39 @@ class BlockLayout:
 
     def flat_positions(self, count: int, indices: Tensor) -> Tensor:
         """Positions in a flattened ``(count, *shape)`` tensor of per-block flat ``indices`` ``(N, k)``."""
-        (g1, g2), (n1, n2) = self.grid, self.block
-        cols = self.matrix[1]
-        block = torch.arange(count * g1 * g2, device=indices.device).unsqueeze(1)
-        row = (block // g2) * n1 + indices // n2  # (stacked) matrix row
-        return row * cols + (block % g2) * n2 + indices % n2
+        corners, offsets = _position_tables(self, count, indices.device)
+        return corners + offsets[indices.long()]
 
     def dct(self, x: Tensor, out: Tensor, scratch: Tensor) -> Tensor:
-        """Blockwise forward DCT of a contiguous ``(P, *shape)`` tensor into ``out`` (matrix layout).
+        """Blockwise forward DCT ``C = D1 X D2^T`` of a contiguous ``(P, *shape)`` tensor into ``out``.
 
-        ``out`` and ``scratch`` are contiguous buffers of ``x``'s shape and dtype; ``scratch`` is
-        clobbered. Two GEMMs: every row against ``D2``, then ``D1`` against every block row.
+        ``out`` and ``scratch`` are contiguous buffers of ``x``'s shape and dtype; ``scratch`` is clobbered.
         """
+        return self._transform(x, out, scratch, inverse=False)
+
+    def idct(self, c: Tensor, out: Tensor, scratch: Tensor) -> Tensor:
+        """Blockwise inverse DCT ``X = D1^T C D2`` of ``(P, *shape)`` coefficients (matrix layout) into ``out``."""
+        return self._transform(c, out, scratch, inverse=True)
+
+    def _transform(self, x: Tensor, out: Tensor, scratch: Tensor, inverse: bool) -> Tensor:
+        """Two GEMMs: every row against ``D2`` (or ``D2^T``), then ``D1`` (or ``D1^T``) against every block row."""
         (n1, n2), cols = self.block, self.matrix[1]
+        right, left = dct_basis(n2, x.device, x.dtype), dct_basis(n1, x.device, x.dtype)
+        right, left = (right, left.T) if inverse else (right.T, left)
         target = out if n1 == 1 else scratch
-        torch.matmul(x.reshape(-1, n2), dct_basis(n2, x.device, x.dtype).T, out=target.view(-1, n2))
+        torch.matmul(x.reshape(-1, n2), right, out=target.view(-1, n2))
         if n1 > 1:
             rows = scratch.view(-1, n1, cols)
-            left = dct_basis(n1, x.device, x.dtype).expand(rows.shape[0], n1, n1)  # bmm: no broadcast copy
-            torch.bmm(left, rows, out=out.view(-1, n1, cols))
+            torch.bmm(left.expand(rows.shape[0], n1, n1), rows, out=out.view(-1, n1, cols))  # bmm: no broadcast copy
         return out
 
 
-def idct2(coefficients: Tensor) -> Tensor:
-    """Inverse DCT of every block of ``(N, n1, n2)`` dense coefficients."""
-    n1, n2 = coefficients.shape[-2:]
-    out = coefficients @ dct_basis(n2, coefficients.device, coefficients.dtype)
-    if n1 > 1:
-        out = dct_basis(n1, coefficients.device, coefficients.dtype).T @ out
-    return out
-
-
-def synthesize(indices: Tensor, values: Tensor, block: tuple[int, int], out: Tensor | None = None) -> Tensor:
-    """Inverse transform of sparse coefficients without materialising the dense coefficient block.
-
-    ``indices``/``values`` are ``(N, m)``: flat positions inside each ``n1 x n2`` block and their
-    coefficients. Duplicate positions add up. Costs ``N * n1 * n2 * m`` multiply-adds, against
-    ``N * n1 * n2 * (n1 + n2)`` for scatter plus a dense :func:`idct2`. Writes into ``out`` if given.
-    """
-    n1, n2 = block
-    indices = indices.long()
-    rows = dct_basis(n1, values.device, values.dtype)[indices // n2]  # (N, m, n1)
-    cols = dct_basis(n2, values.device, values.dtype)[indices % n2]  # (N, m, n2)
-    return torch.matmul((rows * values.unsqueeze(-1)).transpose(1, 2), cols, out=out)
+@functools.lru_cache(maxsize=256)
+def _position_tables(layout: BlockLayout, count: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """``(N, 1)`` flat position of every block's first element, and ``(n1 * n2,)`` in-block offsets."""
+    (g1, g2), (n1, n2) = layout.grid, layout.block
+    cols = layout.matrix[1]
+    block = torch.arange(count * g1 * g2, device=device).unsqueeze(1)
+    corners = (block // g2) * n1 * cols + (block % g2) * n2
+    inside = torch.arange(n1 * n2, device=device)
+    return corners, (inside // n2) * cols + inside % n2

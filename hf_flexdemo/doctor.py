@@ -1,8 +1,9 @@
 """Pre-flight check of a multi-node setup: ``torchrun ... -m hf_flexdemo.doctor [--shard_size N]``.
 
 Prints, from rank 0, the topology FlexDeMo would use (nodes x processes, which ranks form each
-shard group and each replicate group, on which hosts), the backend and socket interface, and the
-measured latency and bandwidth of the replicate groups' links. Warns when a shard group spans
+shard group and each replicate group, on which hosts), the backend and socket interface (on CUDA also
+NCCL's version and the settings that choose its inter-node transport: socket interface, InfiniBand on
+or off), and the measured latency and bandwidth of the replicate groups' links. Warns when a shard group spans
 several hosts (FSDP traffic would cross the slow link) or a replicate group stays on one host.
 """
 
@@ -31,6 +32,24 @@ def _timed(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
+# NCCL settings that decide the inter-node path: which interface and transport it uses, and how it reports.
+NCCL_VARIABLES = ("NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE", "NCCL_IB_HCA", "NCCL_NET", "NCCL_NET_GDR_LEVEL",
+                  "NCCL_CROSS_NIC", "NCCL_ALGO", "NCCL_PROTO", "NCCL_DEBUG")
+
+
+def nccl_report() -> list[str]:
+    """Lines describing NCCL's version and the environment variables that choose its inter-node transport."""
+    version = ".".join(map(str, torch.cuda.nccl.version()))
+    settings = ", ".join(f"{name}={os.environ.get(name, '-')}" for name in NCCL_VARIABLES)
+    lines = [f"NCCL {version}: {settings}"]
+    if os.environ.get("NCCL_IB_DISABLE") == "1":
+        lines.append("  note: InfiniBand is disabled (NCCL_IB_DISABLE=1): inter-node traffic uses TCP sockets")
+    if "NCCL_SOCKET_IFNAME" not in os.environ:
+        lines.append("  note: NCCL_SOCKET_IFNAME is unset: NCCL picks an interface itself; set it to the inter-node "
+                     "NIC (e.g. eth0, ib0) if the measured bandwidth is lower than the link's")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shard_size", type=int, default=None, help="processes per node (default: launcher's)")
@@ -49,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     payload = torch.zeros(int(args.megabytes * 2**20 / 4), device=device)
     out = payload.new_empty(payload.numel() * mesh["dp_replicate"].size())
     latency = _timed(lambda: dist.all_reduce(tiny, group=group), 10)
-    seconds = _timed(lambda: dist.all_gather_single(out, payload, group=group), 3)
+    seconds = _timed(lambda: dist.all_gather_into_tensor(out, payload, group=group), 3)
     sent = (mesh["dp_replicate"].size() - 1) * payload.numel() * 4
     stats = torch.tensor([latency, seconds], dtype=torch.float64, device=device)
     dist.all_reduce(stats, op=dist.ReduceOp.MAX)
@@ -58,6 +77,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"world {world} = {len(rows)} node(s) x {len(rows[0])} process(es); backend {dist.get_backend()}, "
               f"device {device_type}, GLOO_SOCKET_IFNAME={os.environ.get('GLOO_SOCKET_IFNAME', '-')}, "
               f"NCCL_SOCKET_IFNAME={os.environ.get('NCCL_SOCKET_IFNAME', '-')}")
+        if device_type == "cuda":
+            print("\n".join(nccl_report()))
         for ranks in rows:
             where = sorted({hosts[r] for r in ranks})
             print(f"shard group (one node) ranks {ranks} on {where}")

@@ -1,11 +1,18 @@
 """Cross-rank safety checks of FlexDeMo: non-finite inputs and replica drift.
 
 Replicas stay identical only because they apply identical updates, and a non-finite value sent
-once would poison every node's momentum. Both checks are collectives that every rank joins, so
-all ranks reach the same decision (skip, raise or re-synchronise) and no rank is left waiting.
+once would poison every node's momentum. Every rank must reach the same decision (skip, raise or
+re-synchronise), or the ranks that carry on wait forever for the ones that stopped.
+
+The non-finite decision costs no collective of its own across nodes: each rank's flag rides in its
+payload (see :mod:`hf_flexdemo.optimizer`), so after the exchange a rank knows the flags of its
+replicate group, and one MAX all-reduce inside the node (:func:`any_in_group`) makes it job-wide.
+The drift check runs every ``drift_check_every`` steps only.
 """
 
 from __future__ import annotations
+
+from typing import Literal, get_args
 
 import torch
 import torch.distributed as dist
@@ -13,31 +20,33 @@ from torch import Tensor
 
 from .replicate import CommStats, explained
 
-NONFINITE_ACTIONS = ("skip", "raise")
-DRIFT_ACTIONS = ("raise", "resync")
+NonfiniteAction = Literal["skip", "raise"]
+DriftAction = Literal["raise", "resync"]
+NONFINITE_ACTIONS: tuple[str, ...] = get_args(NonfiniteAction)
+DRIFT_ACTIONS: tuple[str, ...] = get_args(DriftAction)
 
 
 def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def nonfinite_ranks(tensors: list[Tensor], device: torch.device, stats: CommStats) -> list[int]:
-    """Ranks (of the whole job) holding a NaN/Inf in ``tensors``; the same list on every rank.
+def nonfinite(tensors: list[Tensor], device: torch.device) -> Tensor:
+    """A 0-d ``uint8`` tensor on ``device``: 1 if any of ``tensors`` holds a NaN/Inf. No host sync."""
+    if not tensors:
+        return torch.zeros((), dtype=torch.uint8, device=device)
+    finite = torch.stack([t.isfinite().all() for t in tensors]).all()
+    return (~finite).to(torch.uint8)
 
-    One 4-byte all-gather over all ranks (counted in ``stats.collectives``; its bytes are not
-    counted as payload): every rank must take the same decision, or the ranks that carry on would
-    wait forever for the ones that stopped.
-    """
-    local = bool(tensors) and not bool(torch.stack(torch._foreach_norm(tensors)).isfinite().all())
-    flag = torch.tensor([int(local)], dtype=torch.int32, device=device)
-    if not _distributed() or dist.get_world_size() == 1:
-        return [0] if local else []
-    world = dist.get_world_size()
-    flags = flag.new_empty(world)
-    with explained("all-gather of the non-finite flags", None):
-        dist.all_gather_single(flags, flag)
-    stats.collectives += 1
-    return [rank for rank, bad in enumerate(flags.tolist()) if bad]
+
+def any_in_group(flag: Tensor, group: dist.ProcessGroup | None, stats: CommStats) -> Tensor:
+    """``flag`` OR-ed over ``group``: a MAX all-reduce of one element, no host sync."""
+    if group is None or dist.get_world_size(group) == 1:
+        return flag
+    buffer = flag.to(torch.int32).reshape(1)  # gloo has no MAX for uint8
+    with explained("all-reduce of the non-finite flag", group):
+        dist.all_reduce(buffer, op=dist.ReduceOp.MAX, group=group)
+    stats.node_collectives += 1
+    return buffer.reshape(()).to(torch.uint8)
 
 
 def fingerprint(tensor: Tensor) -> Tensor:
@@ -46,12 +55,13 @@ def fingerprint(tensor: Tensor) -> Tensor:
     return tensor.detach().contiguous().view(bits).sum(dtype=torch.int64)
 
 
-def drifted(params: list[Tensor], group: dist.ProcessGroup, size: int) -> list[int]:
+def drifted(params: list[Tensor], group: dist.ProcessGroup, size: int, device: torch.device) -> list[int]:
     """Indices of ``params`` (local shards) that differ between the replicas of ``group``."""
     local = torch.stack([fingerprint(p) for p in params]) if params else torch.zeros(0, dtype=torch.int64)
+    local = local.to(device)
     gathered = local.new_empty(size * local.numel())
     with explained("all-gather of the parameter fingerprints", group):
-        dist.all_gather_single(gathered, local.to(params[0].device) if params else local, group=group)
+        dist.all_gather_into_tensor(gathered, local, group=group)
     gathered = gathered.view(size, -1).cpu()
     return (gathered != gathered[0]).any(dim=0).nonzero().flatten().tolist()
 

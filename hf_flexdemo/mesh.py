@@ -2,7 +2,8 @@
 
 Ranks are laid out node-major (as ``torchrun``/``accelerate launch`` number them), so each row of
 the mesh is one node: FSDP2 shards inside the row, and the columns are the replicate groups
-FlexDeMo exchanges over. FSDP never communicates across nodes.
+FlexDeMo exchanges over. FSDP never communicates across nodes. What a node is (its number of
+processes) has one rule, :func:`resolve_shard_size`, which the Trainer's topology uses too.
 """
 
 from __future__ import annotations
@@ -62,6 +63,23 @@ def validate_shard_size(shard_size: int, world_size: int) -> None:
         )
 
 
+# Where launchers say how many processes form a node, in order of precedence: accelerate's
+# ``parallelism_config_dp_shard_size`` (from the YAML), then torchrun's ``--nproc_per_node``.
+SHARD_SIZE_ENV = ("PARALLELISM_CONFIG_DP_SHARD_SIZE", "LOCAL_WORLD_SIZE")
+
+
+def resolve_shard_size(world_size: int, shard_size: int | None = None) -> int:
+    """Processes per node: ``shard_size`` if given, else the launcher's (``SHARD_SIZE_ENV``), else the world.
+
+    Raises ``ValueError`` listing the accepted values unless the result divides ``world_size``.
+    """
+    if shard_size is None:
+        launcher = next((os.environ[name] for name in SHARD_SIZE_ENV if os.environ.get(name)), None)
+        shard_size = int(launcher) if launcher else world_size
+    validate_shard_size(shard_size, world_size)
+    return shard_size
+
+
 def build_hybrid_mesh(
     shard_size: int | None = None,
     device_type: str | None = None,
@@ -69,14 +87,12 @@ def build_hybrid_mesh(
 ) -> DeviceMesh:
     """A 2-D mesh ``("dp_replicate", "dp_shard")`` of ``world / shard_size`` nodes x ``shard_size`` ranks.
 
-    ``shard_size`` defaults to ``LOCAL_WORLD_SIZE`` (the processes per node the launcher started).
+    ``shard_size`` defaults to the launcher's processes per node (:func:`resolve_shard_size`).
     """
     device_type = device_type or default_device_type()
     init_process_group(device_type, timeout)
     world_size = dist.get_world_size()
-    if shard_size is None:
-        shard_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    validate_shard_size(shard_size, world_size)
+    shard_size = resolve_shard_size(world_size, shard_size)
     with group_timeout(timeout):
         return init_device_mesh(device_type, (world_size // shard_size, shard_size), mesh_dim_names=MESH_DIMS)
 

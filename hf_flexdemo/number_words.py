@@ -4,7 +4,8 @@ A genuine sequence-to-sequence problem (word order, agreement and the vigesimal 
 change between languages) that needs no download, so every recipe, test and benchmark has data
 offline, and a tiny T5 learns it on a CPU in minutes. French follows the traditional spelling:
 hyphens only below one hundred, "et un" / "et onze", "quatre-vingts" and "deux cents" take an
-"s" only at the end of the number, "mille" never does, "millions" does.
+"s" only at the end of the number, "mille" never does, "millions" does. Needs ``datasets`` (the
+``recipes`` extra), like the recipes that use it.
 """
 
 import random

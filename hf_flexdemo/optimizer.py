@@ -2,18 +2,24 @@
 
 Per step and per parameter shard (``g`` already averaged over the node by FSDP):
 
-1. decoupled weight decay ``p <- p * (1 - lr * wd)``
-2. momentum ``delta <- beta * delta + lr * g``
-3. DCT of ``delta`` in blocks, top-``k`` coefficients per block (``compression``)
-4. error feedback ``delta <- delta - IDCT(top-k)``
-5. all-gather of every shard's top-``k`` payload over the replicate group, in one collective
-6. ``Q`` = mean-over-choosers decode of all replicas' payloads (bit-identical on every replica)
-7. update: ``p <- p - lr * sign(Q)`` (``"sign"``), ``p <- p - Q`` (``"sgd"``: ``Q`` already carries
-   ``lr``), or AdamW on the gradient estimate ``Q / lr`` (``"adamw"``)
+1. momentum ``delta <- beta * delta + lr * g`` (``momentum="lr"``, DeMo) or ``+ (1 - beta) * g`` (``"ema"``)
+2. DCT of ``delta`` in blocks; per block, a fraction ``compression_rate`` of the coefficients is kept: the
+   largest (``replicator="demo"``) or positions every replica draws from the same seed (``"random"``)
+3. error feedback ``delta <- delta - alpha * IDCT(kept)`` (``alpha = compression_feedback``)
+4. one collective over the replicate group for every shard's payload: an all-gather of positions and
+   values (``"demo"``) or an all-reduce of the values alone (``"random"``)
+5. ``Q`` = mean-over-choosers decode of all replicas' payloads (bit-identical on every replica)
+6. decoupled weight decay and the update: ``p <- p - lr * sign(Q)`` (``"sign"``), SGD on ``Q``
+   (``"sgd"``) or AdamW fed with ``Q`` as its gradient (``"adamw"``)
 
-``replicator="full"`` replaces 3-6 by a dense average of ``delta`` (which is then spent entirely);
+``replicator="full"`` replaces 2-5 by a dense average of ``delta`` (which is then spent entirely);
 ``"none"`` keeps everything local (a single node). Parameters may be FSDP2 ``DTensor`` shards or
 plain tensors; all arithmetic runs on local shards, state is created lazily in :meth:`step`.
+
+What a GPU cluster needs from ``step()``: one collective crosses nodes (the payload; the non-finite
+flag rides in it), one tiny all-reduce stays inside the node (the flag, made job-wide), and the host
+waits for the device once (the skip decision). Every tensor lives on the parameters' device, and
+``torch.profiler`` shows the phases as ``FlexDeMo::compress``, ``::exchange``, ``::decode``, ``::apply``.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 import torch.distributed as dist
@@ -29,15 +35,28 @@ from torch import Tensor
 from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 from torch.optim.adamw import adamw
+from torch.profiler import record_function
 
 from . import compression, guards
 from .dct import BlockLayout
-from .replicate import CommStats, ReplicateGroup, dense_allreduce_bytes
+from .guards import DriftAction, NonfiniteAction
+from .replicate import CommStats, ReplicateGroup, dense_allreduce_bytes, pack, unpack
 
-UPDATES = ("sign", "sgd", "adamw")
-REPLICATORS = ("demo", "full", "none")
+Update = Literal["sign", "sgd", "adamw"]
+Replicator = Literal["demo", "random", "full", "none"]
+ValueDtype = Literal["bfloat16", "float32"]
+Momentum = Literal["lr", "ema"]
+UPDATES: tuple[str, ...] = get_args(Update)
+REPLICATORS: tuple[str, ...] = get_args(Replicator)
+MOMENTUMS: tuple[str, ...] = get_args(Momentum)
 VALUE_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 PARAM_DTYPES = (torch.float32, torch.bfloat16)
+# The measured operating point (README "Choosing the defaults"; benchmarks/results/density_sweep_quick.json).
+DEFAULT_RATE = 1 / 8
+DEFAULT_CHUNK = 8
+# Knobs that hold for the whole optimizer (one exchange per step), not per parameter group.
+GLOBAL_KNOBS = ("replicator", "value_dtype", "replicator_seed", "on_nonfinite", "drift_check_every",
+                "on_drift")
 
 
 def _local(tensor: Tensor) -> Tensor:
@@ -49,27 +68,35 @@ def _check(ok: bool, name: str, value: Any, accepted: str) -> None:
         raise ValueError(f"FlexDeMo: invalid {name}={value!r}; accepted: {accepted}.")
 
 
-def validate_guards(on_nonfinite: str, drift_check_every: int, on_drift: str) -> None:
-    """Raise ``ValueError`` naming the field and the accepted values for an invalid guard setting."""
-    _check(on_nonfinite in guards.NONFINITE_ACTIONS, "on_nonfinite", on_nonfinite, " | ".join(guards.NONFINITE_ACTIONS))
-    _check(isinstance(drift_check_every, int) and drift_check_every >= 0, "drift_check_every", drift_check_every,
-           "an integer >= 0 (0 disables the check)")
-    _check(on_drift in guards.DRIFT_ACTIONS, "on_drift", on_drift, " | ".join(guards.DRIFT_ACTIONS))
-
-
-def validate_compression(
-    compression_topk: int, compression_chunk: int, compression_decay: float, update: str, replicator: str,
-    value_dtype: str,
+def validate_knobs(
+    *, compression_rate: float | None = None, compression_topk: int | None = None, compression_chunk: int = 1,
+    compression_decay: float = 0.0, compression_feedback: float = 1.0, momentum: str = "lr",
+    update: str = "sign", replicator: str = "demo", value_dtype: str = "bfloat16", replicator_seed: int = 0,
+    on_nonfinite: str = "skip", drift_check_every: int = 0, on_drift: str = "raise",
 ) -> None:
     """Raise ``ValueError`` naming the field and the accepted values for any invalid FlexDeMo knob."""
-    _check(isinstance(compression_topk, int) and compression_topk >= 1, "compression_topk",
-           compression_topk, "an integer >= 1")
+    if compression_rate is not None and compression_topk is not None:
+        raise ValueError(f"FlexDeMo: compression_rate={compression_rate!r} and compression_topk={compression_topk!r} "
+                         "are both set; accepted: one of them (a rate per block, or DeMo's fixed count per block).")
+    _check(compression_rate is None or (isinstance(compression_rate, (int, float)) and 0 < compression_rate <= 1),
+           "compression_rate", compression_rate, "a float in (0, 1], e.g. 0.125 (None: the default rate)")
+    _check(compression_topk is None or (isinstance(compression_topk, int) and compression_topk >= 1),
+           "compression_topk", compression_topk, "an integer >= 1 (None: use compression_rate)")
     _check(isinstance(compression_chunk, int) and compression_chunk >= 1, "compression_chunk",
            compression_chunk, "an integer >= 1")
     _check(0.0 <= compression_decay < 1.0, "compression_decay", compression_decay, "a float in [0, 1)")
+    _check(0.0 < compression_feedback <= 1.0, "compression_feedback", compression_feedback, "a float in (0, 1]")
+    _check(momentum in MOMENTUMS, "momentum", momentum, " | ".join(MOMENTUMS))
     _check(update in UPDATES, "update", update, " | ".join(UPDATES))
     _check(replicator in REPLICATORS, "replicator", replicator, " | ".join(REPLICATORS))
     _check(value_dtype in VALUE_DTYPES, "value_dtype", value_dtype, " | ".join(VALUE_DTYPES))
+    _check(isinstance(replicator_seed, int) and replicator_seed >= 0, "replicator_seed", replicator_seed,
+           "an integer >= 0")
+    _check(on_nonfinite in guards.NONFINITE_ACTIONS, "on_nonfinite", on_nonfinite,
+           " | ".join(guards.NONFINITE_ACTIONS))
+    _check(isinstance(drift_check_every, int) and drift_check_every >= 0, "drift_check_every", drift_check_every,
+           "an integer >= 0 (0 disables the check)")
+    _check(on_drift in guards.DRIFT_ACTIONS, "on_drift", on_drift, " | ".join(guards.DRIFT_ACTIONS))
 
 
 @dataclass
@@ -78,19 +105,25 @@ class _Bucket:
 
     Their momentum buffers are the rows of one stacked tensor (``delta``; each parameter's
     ``state["delta"]`` is a view of its row), so the bucket is transformed in a few large kernels.
+    ``momentum`` is this step's candidate momentum, committed only when the step is not skipped.
     """
 
+    key: tuple[int, BlockLayout]
     layout: BlockLayout
     group: dict[str, Any]
     params: list[Tensor] = field(default_factory=list)
     grads: list[Tensor] = field(default_factory=list)
     states: list[dict[str, Tensor]] = field(default_factory=list)
     delta: Tensor | None = None
+    momentum: Tensor | None = None
+    positions: Tensor | None = None  # flat positions of the kept coefficients in ``momentum``
+    indices: Tensor | None = None  # their in-block positions as they travel ("demo")
+    values: Tensor | None = None  # their values as they travel
 
-    def block_views(self, tensors: list[Tensor]) -> list[Tensor]:
-        """``(g1, n1, g2, n2)`` views of same-shaped tensors, matching ``signal.transpose(2, 3)`` rows."""
-        (g1, g2), (n1, n2) = self.layout.grid, self.layout.block
-        return [t.view(g1, n1, g2, n2) for t in tensors]
+    @property
+    def kept(self) -> int:
+        group = self.group
+        return compression.kept_per_block(self.layout.block_numel, group["compression_rate"], group["compression_topk"])
 
 
 def _stack_rows(states: list[dict[str, Tensor]]) -> Tensor:
@@ -116,15 +149,28 @@ class FlexDeMo(Optimizer):
         params: parameters or parameter groups (``DTensor`` shards or plain tensors).
         lr: learning rate.
         replicate_group: process group of the replicas to exchange with; ``None`` for a single node.
-        compression_topk: coefficients kept per DCT block.
+        shard_group: the ranks of this node (FSDP's group), over which the non-finite flag is OR-ed;
+            default: the 1-D device mesh of the ``DTensor`` parameters, ``None`` for plain tensors.
+        compression_rate: fraction of each DCT block's coefficients that travels (default 1/8 when
+            ``compression_topk`` is not set either); the kept count per block is ``round(rate * block size)``.
+        compression_topk: DeMo's convention instead: a fixed count per block.
         compression_chunk: largest block side; each side is the largest divisor of the shard dimension
             not above it.
         compression_decay: momentum decay ``beta`` in ``[0, 1)``.
+        compression_feedback: ``alpha`` in ``(0, 1]``: the fraction of the sent signal error feedback
+            removes from the momentum (1: DeMo; DeMo's second version uses less).
+        momentum: how a gradient enters the momentum: ``"lr"`` adds ``lr * g`` (DeMo), ``"ema"`` adds
+            ``(1 - beta) * g`` (the update then carries ``lr``).
         update: ``"sign"`` (DeMo), ``"sgd"`` or ``"adamw"``.
-        replicator: ``"demo"`` (DCT top-k), ``"full"`` (dense average) or ``"none"`` (no exchange).
+        replicator: ``"demo"`` (DCT top-k, all-gather), ``"random"`` (shared random positions, all-reduce of
+            the values), ``"full"`` (dense average) or ``"none"`` (no exchange).
         weight_decay: decoupled weight decay.
         value_dtype: wire type of the coefficients, ``"bfloat16"`` or ``"float32"``.
+        replicator_seed: seed of ``replicator="random"``'s positions (the same on every replica).
         betas, eps: AdamW constants, used with ``update="adamw"``.
+        on_nonfinite: a NaN/Inf gradient on any rank: every rank skips the step, or raises.
+        drift_check_every, on_drift: compare parameters across replicas every N steps (0: never); raise
+            or copy replica 0's values on a mismatch.
     """
 
     def __init__(
@@ -133,48 +179,85 @@ class FlexDeMo(Optimizer):
         lr: float = 1e-3,
         *,
         replicate_group: dist.ProcessGroup | None = None,
-        compression_topk: int = 4,
-        compression_chunk: int = 64,
+        shard_group: dist.ProcessGroup | None = None,
+        compression_rate: float | None = None,
+        compression_topk: int | None = None,
+        compression_chunk: int = DEFAULT_CHUNK,
         compression_decay: float = 0.999,
-        update: str = "sign",
-        replicator: str = "demo",
+        compression_feedback: float = 1.0,
+        momentum: Momentum = "lr",
+        update: Update = "sign",
+        replicator: Replicator = "demo",
         weight_decay: float = 0.0,
-        value_dtype: str = "bfloat16",
+        value_dtype: ValueDtype = "bfloat16",
+        replicator_seed: int = 0,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
-        on_nonfinite: str = "skip",
+        on_nonfinite: NonfiniteAction = "skip",
         drift_check_every: int = 100,
-        on_drift: str = "raise",
+        on_drift: DriftAction = "raise",
     ) -> None:
         _check(lr >= 0, "lr", lr, "a float >= 0")
-        validate_compression(compression_topk, compression_chunk, compression_decay, update, replicator, value_dtype)
+        if compression_rate is None and compression_topk is None:
+            compression_rate = DEFAULT_RATE
+        knobs = dict(compression_rate=compression_rate, compression_topk=compression_topk,
+                     compression_chunk=compression_chunk, compression_decay=compression_decay,
+                     compression_feedback=compression_feedback, momentum=momentum, update=update,
+                     replicator=replicator, value_dtype=value_dtype, replicator_seed=replicator_seed,
+                     on_nonfinite=on_nonfinite, drift_check_every=drift_check_every, on_drift=on_drift)
+        validate_knobs(**knobs)
         _check(weight_decay >= 0, "weight_decay", weight_decay, "a float >= 0")
         _check(all(0.0 <= b < 1.0 for b in betas), "betas", betas, "two floats in [0, 1)")
         _check(eps > 0, "eps", eps, "a float > 0")
-        validate_guards(on_nonfinite, drift_check_every, on_drift)
-        defaults = dict(lr=lr, compression_decay=compression_decay, weight_decay=weight_decay,
-                        betas=betas, eps=eps)
-        super().__init__(params, defaults)
+        super().__init__(params, dict(lr=lr, weight_decay=weight_decay, betas=betas, eps=eps, **knobs))
         for group in self.param_groups:
+            validate_knobs(**{k: group[k] for k in knobs})
+            for key in GLOBAL_KNOBS:
+                _check(group[key] == self.defaults[key], f"param group {key}", group[key],
+                       f"{self.defaults[key]!r}, the optimizer's value (it holds for every parameter group)")
             for p in group["params"]:
                 _check(p.dtype in PARAM_DTYPES, "parameter dtype", p.dtype,
                        "torch.float32 | torch.bfloat16 (fp16 needs a loss scaler that can skip a step on one "
                        "rank only and deadlock the others)")
         self.replicate = ReplicateGroup(replicate_group)
         _check(replicator != "none" or self.replicate.size == 1, "replicator", replicator,
-               "'demo' | 'full' when the replicate group has more than one rank ('none' lets replicas drift)")
-        self.compression_topk = compression_topk
-        self.compression_chunk = compression_chunk
-        self.update = update
-        self.replicator = replicator
-        self.value_dtype = VALUE_DTYPES[value_dtype]
-        self.on_nonfinite = on_nonfinite
-        self.drift_check_every = drift_check_every
-        self.on_drift = on_drift
+               "'demo' | 'random' | 'full' when the replicate group has more than one rank ('none' lets "
+               "replicas drift)")
+        first = next(p for group in self.param_groups for p in group["params"])
+        self._device = _local(first).device
+        if shard_group is None and isinstance(first, DTensor) and first.device_mesh.ndim == 1:
+            shard_group = first.device_mesh.get_group()
+        self.shard_group = shard_group
+        self.steps = 0  # optimizer steps taken or skipped: the drift schedule and the random positions' seed
         self.skipped_steps = 0
-        self._steps = 0
-        self.comm_stats: dict[str, float] = CommStats().as_dict()
-        self._buffers: dict[int, Tensor] = {}
+        self.comm_stats: dict[str, int] = CommStats().as_dict()
+        self._buffers: dict[str, Tensor] = {}
+        self._spares: dict[tuple[int, BlockLayout], Tensor] = {}
+
+    # ---- state -------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Torch's ``state_dict`` plus the step counters (the knobs are in ``param_groups``)."""
+        state = super().state_dict()
+        state["flexdemo"] = {"steps": self.steps, "skipped_steps": self.skipped_steps}
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load as torch does, keep the momentum in float32 (torch casts it to the parameter's dtype)."""
+        super().load_state_dict(state_dict)
+        params = [p for group in self.param_groups for p in group["params"]]
+        for index, saved in state_dict["state"].items():
+            self.state[params[index]]["delta"] = saved["delta"].to(device=self._device, dtype=torch.float32,
+                                                                    copy=True)
+        counters = state_dict.get("flexdemo", {})
+        self.steps = counters.get("steps", 0)
+        self.skipped_steps = counters.get("skipped_steps", 0)
+
+    def pop_exchange_seconds(self) -> float:
+        """Seconds this rank spent in inter-node collectives since the last call (syncs on CUDA)."""
+        return self.replicate.timer.pop()
+
+    # ---- step --------------------------------------------------------------------------------
 
     @torch.no_grad()
     def step(self, closure=None):  # type: ignore[override]
@@ -182,50 +265,213 @@ class FlexDeMo(Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        knobs = self.param_groups[0]
+        if knobs["drift_check_every"] and self.steps % knobs["drift_check_every"] == 0:
+            self._check_drift()
         stats = CommStats()
         buckets = self._buckets()
-        if self.drift_check_every and self._steps % self.drift_check_every == 0:
-            self._check_drift()
-        self._steps += 1
-        if not self._inputs_finite(buckets, stats):
-            self.comm_stats = stats.as_dict()
-            return loss
-        for bucket in buckets:
-            bucket.delta.mul_(bucket.group["compression_decay"])
-            torch._foreach_add_(list(bucket.delta.unbind(0)), bucket.grads, alpha=bucket.group["lr"])
-        if self.replicator == "full":
-            self._full_average(buckets, stats)
-        else:
-            self._demo_exchange(buckets, stats)
-        numel = sum(b.delta.numel() for b in buckets)
-        stats.dense_bytes = dense_allreduce_bytes(numel, self.replicate.size)
+        with record_function("FlexDeMo::compress"):
+            local = self._compress(buckets, knobs)
+        with record_function("FlexDeMo::exchange"):
+            received, flag = self._exchange(buckets, local, knobs, stats)
+            flag = guards.any_in_group(flag, self.shard_group, stats)
+        self.steps += 1
+        stats.dense_bytes = dense_allreduce_bytes(sum(b.delta.numel() for b in buckets), self.replicate.size)
         self.comm_stats = stats.as_dict()
+        if flag.item():  # the step's one host sync: every rank reaches the same decision
+            self._skip(knobs["on_nonfinite"], bool(local))
+            return loss
+        for index, bucket in enumerate(buckets):
+            with record_function("FlexDeMo::decode"):
+                q = self._decode(bucket, received[index], knobs)
+            with record_function("FlexDeMo::apply"):
+                self._commit(bucket, spent=knobs["replicator"] == "full")
+                self._apply(bucket, q)
         return loss
 
-    def _inputs_finite(self, buckets: list[_Bucket], stats: CommStats) -> bool:
-        """Agree across all ranks, before any state changes or anything is sent, whether a gradient is
-        NaN/Inf. Momentum stays finite by induction: it only ever accumulates checked gradients."""
-        grads = [g for b in buckets for g in b.grads]
-        bad = guards.nonfinite_ranks(grads, grads[0].device if grads else torch.device("cpu"), stats)
-        if not bad:
-            return True
-        message = f"FlexDeMo: non-finite gradient on rank(s) {bad}"
-        if self.on_nonfinite == "raise":
+    def _skip(self, action: str, here: bool) -> None:
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        message = (f"FlexDeMo: non-finite gradient at step {self.steps - 1} (on rank {rank}: "
+                   f"{'non-finite' if here else 'finite'})")
+        if action == "raise":
             raise FloatingPointError(message + " (on_nonfinite='raise').")
         warnings.warn(message + "; every rank skips this step (on_nonfinite='skip').", stacklevel=3)
         self.skipped_steps += 1
-        return False
+
+    def _buckets(self) -> list[_Bucket]:
+        """Group the non-empty local shards by (param group, block layout); create state lazily."""
+        buckets: dict[tuple[int, BlockLayout], _Bucket] = {}
+        for index, group in enumerate(self.param_groups):
+            for p in group["params"]:
+                if not p.requires_grad:
+                    continue
+                param = _local(p)
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.zeros((), dtype=torch.float32)  # on the CPU, as torch's AdamW keeps it
+                    state["delta"] = torch.zeros_like(param, dtype=torch.float32)
+                    if group["update"] == "adamw":
+                        state["exp_avg"] = torch.zeros_like(param)
+                        state["exp_avg_sq"] = torch.zeros_like(param)
+                if not param.numel():
+                    continue  # an empty shard: its replicas are empty too, nothing to send or update
+                layout = BlockLayout.for_shape(tuple(param.shape), group["compression_chunk"])
+                key = (index, layout)
+                bucket = buckets.setdefault(key, _Bucket(key, layout, group))
+                bucket.params.append(param)
+                bucket.grads.append(torch.zeros_like(param) if p.grad is None else _local(p.grad))
+                bucket.states.append(state)
+        for bucket in buckets.values():
+            bucket.delta = _stack_rows(bucket.states)
+        return list(buckets.values())
+
+    def _compress(self, buckets: list[_Bucket], knobs: dict[str, Any]) -> Tensor:
+        """This step's momentum and payload of every bucket; returns this rank's non-finite flag.
+
+        Non-finite values are zeroed before they can travel (the flag tells every rank to skip).
+        """
+        value_dtype = VALUE_DTYPES[knobs["value_dtype"]]
+        for index, bucket in enumerate(buckets):
+            bucket.momentum = self._momentum(bucket)
+            if knobs["replicator"] != "full":
+                self._select(bucket, index, value_dtype, knobs)
+        payload = [b.momentum if knobs["replicator"] == "full" else b.values for b in buckets]
+        flag = guards.nonfinite(payload, self._device)
+        for values in payload:
+            torch.nan_to_num_(values, nan=0.0, posinf=0.0, neginf=0.0)
+        return flag
+
+    def _momentum(self, bucket: _Bucket) -> Tensor:
+        """``beta * delta + scale * g`` in a second buffer: the old momentum survives a skipped step."""
+        group = bucket.group
+        spare = self._spares.pop(bucket.key, None)
+        if spare is None or spare.shape != bucket.delta.shape or spare.data_ptr() == bucket.delta.data_ptr():
+            spare = torch.empty_like(bucket.delta)
+        torch.mul(bucket.delta, group["compression_decay"], out=spare)
+        scale = group["lr"] if group["momentum"] == "lr" else 1.0 - group["compression_decay"]
+        torch._foreach_add_(list(spare.unbind(0)), bucket.grads, alpha=scale)
+        return spare
+
+    def _select(self, bucket: _Bucket, index: int, value_dtype: torch.dtype, knobs: dict[str, Any]) -> None:
+        """DCT, choice of the kept coefficients, and error feedback on the bucket's new momentum."""
+        layout, momentum = bucket.layout, bucket.momentum
+        # Coefficients travel rounded to value_dtype, so the transform runs in it too (bf16 GEMMs are ~3x
+        # faster); error feedback still subtracts exactly the rounded values, synthesised in float32.
+        source = momentum if value_dtype == momentum.dtype else self._workspace("source", momentum, value_dtype)
+        if source is not momentum:
+            source.copy_(momentum)
+        coefficients = layout.dct(source, out=self._workspace("coefficients", momentum, value_dtype),
+                                  scratch=self._workspace("scratch", momentum, value_dtype))
+        k = bucket.kept
+        if knobs["replicator"] == "random":
+            generator = torch.Generator(device=self._device)
+            generator.manual_seed(knobs["replicator_seed"] * 2**40 + self.steps * 2**16 + index)
+            indices = compression.select_random(layout, momentum.shape[0], k, generator)
+        else:
+            magnitude = self._workspace("scratch", momentum, value_dtype)
+            indices = compression.select_topk(coefficients, layout, k, magnitude)
+        bucket.positions, bucket.values = compression.gather(coefficients, layout, indices, value_dtype)
+        bucket.indices = indices.to(compression.index_dtype(layout.block_numel))
+        sent = compression.scatter_mean(bucket.positions.unsqueeze(0), bucket.values.unsqueeze(0),
+                                        out=self._workspace("dense", momentum), counts=None)
+        estimate = layout.idct(sent, out=self._workspace("signal", momentum),
+                               scratch=self._workspace("dense_scratch", momentum))
+        momentum.sub_(estimate, alpha=bucket.group["compression_feedback"])
+
+    def _exchange(
+        self, buckets: list[_Bucket], flag: Tensor, knobs: dict[str, Any], stats: CommStats
+    ) -> tuple[list[Any], Tensor]:
+        """The one inter-node collective of the step; returns each bucket's received payload and the flag
+        OR-ed over the replicate group (it rides in the payload)."""
+        replicator = knobs["replicator"]
+        if replicator == "demo":
+            like = [t for b in buckets for t in (b.indices, b.values)]
+            rows = self.replicate.all_gather(pack([*like, flag.reshape(1)]), stats)
+            parts = unpack(rows, like)
+            stats.coefficients = sum(b.values.numel() for b in buckets)
+            return [(parts[2 * i], parts[2 * i + 1]) for i in range(len(buckets))], rows[:, -1].amax()
+        if replicator in ("random", "full"):
+            payload = [b.values if replicator == "random" else b.momentum.reshape(-1) for b in buckets]
+            dtype = payload[0].dtype if payload else torch.float32
+            total = self.replicate.all_reduce(torch.cat([*payload, flag.to(dtype).reshape(1)]), stats)
+            sums = total[:-1].split([t.numel() for t in payload])
+            stats.coefficients = sum(t.numel() for t in payload) if replicator == "random" else 0
+            return list(sums), (total[-1] > 0).to(torch.uint8)
+        return [None] * len(buckets), flag  # "none": a single node
+
+    def _decode(self, bucket: _Bucket, received: Any, knobs: dict[str, Any]) -> Tensor:
+        """``Q`` of the bucket, ``(P, *shape)`` in float32, the same on every replica."""
+        momentum, layout = bucket.momentum, bucket.layout
+        replicator, replicas = knobs["replicator"], self.replicate.size
+        if replicator == "full":
+            return received.view_as(momentum).div_(replicas)
+        if replicator == "none":
+            positions, values = bucket.positions.unsqueeze(0), bucket.values.unsqueeze(0)
+        elif replicator == "random":
+            positions, values = bucket.positions.unsqueeze(0), received.float().div_(replicas).unsqueeze(0)
+        else:
+            indices, values = received
+            positions = torch.stack([layout.flat_positions(momentum.shape[0], i.long()).view(-1) for i in indices])
+        dense = compression.scatter_mean(positions, values, out=self._workspace("dense", momentum),
+                                         counts=self._workspace("counts", momentum))
+        return layout.idct(dense, out=self._workspace("signal", momentum),
+                           scratch=self._workspace("dense_scratch", momentum))
+
+    def _commit(self, bucket: _Bucket, spent: bool) -> None:
+        """Make this step's momentum the state; the old buffer becomes the next step's spare."""
+        if spent:
+            bucket.momentum.zero_()
+        self._spares[bucket.key] = bucket.delta
+        for state, row in zip(bucket.states, bucket.momentum.unbind(0)):
+            state["delta"] = row
+
+    def _apply(self, bucket: _Bucket, q: Tensor) -> None:
+        """Update the bucket's parameters from its ``(P, *shape)`` signal ``Q``."""
+        group = bucket.group
+        lr, weight_decay = group["lr"], group["weight_decay"]
+        # Q carries lr with momentum="lr": the gradient it estimates is Q / lr.
+        to_gradient = (1.0 / lr if lr > 0 else 0.0) if group["momentum"] == "lr" else 1.0
+        rows = list(q.unbind(0))
+        if group["update"] == "adamw":
+            grads = [(row * to_gradient).to(p.dtype) for row, p in zip(rows, bucket.params)]
+            adamw(
+                bucket.params, grads,
+                [s["exp_avg"] for s in bucket.states], [s["exp_avg_sq"] for s in bucket.states], [],
+                [s["step"] for s in bucket.states],
+                amsgrad=False, beta1=group["betas"][0], beta2=group["betas"][1], lr=lr,
+                weight_decay=weight_decay, eps=group["eps"], maximize=False,
+            )
+            return
+        torch._foreach_add_([s["step"] for s in bucket.states], 1.0)
+        if weight_decay:
+            torch._foreach_mul_(bucket.params, 1.0 - lr * weight_decay)
+        if group["update"] == "sign":
+            q.sign_()
+            torch._foreach_add_(bucket.params, rows, alpha=-lr)
+        else:
+            torch._foreach_add_(bucket.params, rows, alpha=-lr * to_gradient)
+
+    def _workspace(self, name: str, like: Tensor, dtype: torch.dtype | None = None) -> Tensor:
+        """A reusable contiguous buffer shaped like ``like``: on CPU, fresh multi-MB allocations fault
+        their pages in again on every step, which costs as much as the transform itself."""
+        dtype = dtype or like.dtype
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.numel() < like.numel() or buffer.device != like.device or buffer.dtype != dtype:
+            buffer = self._buffers[name] = like.new_empty(like.numel(), dtype=dtype)
+        return buffer[: like.numel()].view(like.shape)
+
+    # ---- drift -------------------------------------------------------------------------------
 
     def _check_drift(self) -> None:
         """Compare parameter fingerprints across replicas; raise or re-synchronise on a mismatch."""
         if self.replicate.size == 1:
             return
         named = [(name, _local(p)) for name, p in self._named_params()]
-        bad = guards.drifted([p for _, p in named], self.replicate.group, self.replicate.size)
+        bad = guards.drifted([p for _, p in named], self.replicate.group, self.replicate.size, self._device)
         names = guards.agree([named[i][0] for i in bad])  # other replicate groups must stop too
         if not names:
             return
-        if self.on_drift == "raise":
+        if self.param_groups[0]["on_drift"] == "raise":
             raise RuntimeError(f"FlexDeMo: replicas differ in {names} (on_drift='raise'). Replicas must start "
                                "identical (same seed or checkpoint) and apply identical updates.")
         warnings.warn(f"FlexDeMo: replicas differ in {names}; copying replica 0's values (on_drift='resync').",
@@ -239,112 +485,3 @@ class FlexDeMo(Optimizer):
             names = group.get("param_names") or [f"param_groups[{g}][{i}]" for i in range(len(group["params"]))]
             named += [(n, p) for n, p in zip(names, group["params"]) if p.requires_grad]
         return named
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load as torch does, then restore the saved buffer dtypes (torch casts them to the parameter's)."""
-        super().load_state_dict(state_dict)
-        params = [p for group in self.param_groups for p in group["params"]]
-        for index, saved in state_dict["state"].items():
-            state = self.state[params[index]]
-            for key, value in saved.items():
-                state[key] = value.to(device=params[index].device, copy=True)
-
-    def _buckets(self) -> list[_Bucket]:
-        """Group the non-empty local shards by (param group, block layout); create state lazily."""
-        buckets: dict[tuple[int, BlockLayout], _Bucket] = {}
-        for index, group in enumerate(self.param_groups):
-            for p in group["params"]:
-                if not p.requires_grad:
-                    continue
-                param = _local(p)
-                state = self.state[p]
-                if not state:
-                    state["step"] = torch.zeros((), dtype=torch.float32)
-                    state["delta"] = torch.zeros_like(param, dtype=torch.float32)
-                    if self.update == "adamw":
-                        state["exp_avg"] = torch.zeros_like(param)
-                        state["exp_avg_sq"] = torch.zeros_like(param)
-                if not param.numel():
-                    continue  # an empty shard: its replicas are empty too, nothing to send or update
-                layout = BlockLayout.for_shape(tuple(param.shape), self.compression_chunk)
-                bucket = buckets.setdefault((index, layout), _Bucket(layout, group))
-                bucket.params.append(param)
-                bucket.grads.append(torch.zeros_like(param) if p.grad is None else _local(p.grad))
-                bucket.states.append(state)
-        for bucket in buckets.values():
-            bucket.delta = _stack_rows(bucket.states)
-        return list(buckets.values())
-
-    def _demo_exchange(self, buckets: list[_Bucket], stats: CommStats) -> None:
-        """Compress every bucket, exchange all payloads in one collective, decode and apply per bucket."""
-        payload = []
-        for bucket in buckets:
-            layout, delta = bucket.layout, bucket.delta
-            # Coefficients travel rounded to value_dtype, so the transform runs in it too (bf16 GEMMs are ~3x
-            # faster); error feedback still subtracts exactly the rounded values, synthesised in float32.
-            source = delta
-            if self.value_dtype != delta.dtype:
-                source = self._workspace(2, delta, self.value_dtype).copy_(delta)
-            coefficients = self._workspace(0, delta, self.value_dtype)
-            scratch = self._workspace(1, delta, self.value_dtype)
-            k = min(self.compression_topk, layout.block_numel)
-            layout.dct(source, out=coefficients, scratch=scratch)
-            indices, values, estimate = compression.compress(
-                coefficients, layout, k, self.value_dtype, magnitude=scratch, estimate=self._workspace(3, delta)
-            )
-            estimate = estimate.view(layout.blocks(delta).shape)
-            layout.blocks(delta).sub_(estimate)
-            stats.coefficients += indices.numel()
-            if self.replicate.size == 1:
-                self._apply(bucket, estimate)
-            payload += [indices, values]
-        if self.replicate.size == 1:
-            return
-        gathered = self.replicate.all_gather(payload, stats)
-        for i, bucket in enumerate(buckets):
-            out = self._workspace(3, bucket.delta).view(-1, *bucket.layout.block)
-            signal = compression.decode(gathered[2 * i], gathered[2 * i + 1], bucket.layout.block, out)
-            self._apply(bucket, signal.view(bucket.layout.blocks(bucket.delta).shape))
-
-    def _workspace(self, slot: int, like: Tensor, dtype: torch.dtype | None = None) -> Tensor:
-        """A reusable contiguous buffer shaped like ``like``: on CPU, fresh multi-MB allocations fault
-        their pages in again on every step, which costs as much as the transform itself."""
-        dtype = dtype or like.dtype
-        buffer = self._buffers.get(slot)
-        if buffer is None or buffer.numel() < like.numel() or buffer.device != like.device or buffer.dtype != dtype:
-            buffer = self._buffers[slot] = like.new_empty(like.numel(), dtype=dtype)
-        return buffer[: like.numel()].view(like.shape)
-
-    def _full_average(self, buckets: list[_Bucket], stats: CommStats) -> None:
-        """Dense average of all momentum in one all-reduce; the momentum is then spent entirely."""
-        flat = self.replicate.mean(torch.cat([b.delta.reshape(-1) for b in buckets]), stats)
-        for bucket, piece in zip(buckets, flat.split([b.delta.numel() for b in buckets])):
-            self._apply(bucket, bucket.layout.blocks(piece.view_as(bucket.delta)))
-            bucket.delta.zero_()
-
-    def _apply(self, bucket: _Bucket, signal: Tensor) -> None:
-        """Update the bucket's parameters from its ``(P, g1, g2, n1, n2)`` signal ``Q``."""
-        group = bucket.group
-        lr, weight_decay = group["lr"], group["weight_decay"]
-        rows = list(signal.transpose(2, 3).unbind(0))
-        if self.update == "adamw":
-            grads = [
-                (q / lr if lr > 0 else torch.zeros_like(q)).reshape(p.shape).to(p.dtype)
-                for q, p in zip(rows, bucket.params)
-            ]
-            adamw(
-                bucket.params, grads,
-                [s["exp_avg"] for s in bucket.states], [s["exp_avg_sq"] for s in bucket.states], [],
-                [s["step"] for s in bucket.states],
-                amsgrad=False, beta1=group["betas"][0], beta2=group["betas"][1], lr=lr,
-                weight_decay=weight_decay, eps=group["eps"], maximize=False,
-            )
-            return
-        torch._foreach_add_([s["step"] for s in bucket.states], 1.0)
-        if weight_decay:
-            torch._foreach_mul_(bucket.params, 1.0 - lr * weight_decay)
-        if self.update == "sign":
-            signal.sign_()
-            torch._foreach_add_(bucket.block_views(bucket.params), rows, alpha=-lr)
-        else:
-            torch._foreach_add_(bucket.block_views(bucket.params), rows, alpha=-1.0)

@@ -1,43 +1,48 @@
 """Collectives on the replicate group (the ranks holding the same shard on other nodes).
 
 Every parameter's payload of a step travels in one collective: the tensors are packed into a
-single byte buffer, gathered, and unpacked per replica. Byte counts follow the ring algorithms
-gloo and NCCL use: an all-gather puts ``(R - 1) * payload`` bytes on each rank's link, an
-all-reduce ``2 * (R - 1) / R * buffer``.
+single byte buffer, gathered (or, for values only, summed), and unpacked per replica. Byte counts
+follow the ring algorithms gloo and NCCL use: an all-gather puts ``(R - 1) * payload`` bytes on
+each rank's link, an all-reduce ``2 * (R - 1) / R * buffer``.
+
+Timing: collectives are issued with ``async_op=True``. On CUDA a pair of events brackets each one on
+the current stream and is read only when :meth:`ReplicateGroup.pop_seconds` is called (at logging
+time), so timing adds no host sync to the step; on CPU (gloo) the host clock brackets issue and wait.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from .compression import index_dtype, kept_per_block
+from .dct import BlockLayout
+
 
 @dataclass
 class CommStats:
-    """Inter-node traffic of one optimizer step, as seen by this rank."""
+    """Inter-node traffic of one optimizer step, as seen by this rank.
+
+    ``collectives`` counts the collectives on the replicate group (those that cross nodes);
+    ``node_collectives`` those inside the node (the non-finite flag).
+    """
 
     bytes_sent: int = 0
     bytes_received: int = 0
     dense_bytes: int = 0
     collectives: int = 0
-    seconds: float = 0.0
+    node_collectives: int = 0
     coefficients: int = 0
 
-    def as_dict(self) -> dict[str, float]:
-        return {
-            "bytes_sent": self.bytes_sent,
-            "bytes_received": self.bytes_received,
-            "dense_bytes": self.dense_bytes,
-            "collectives": self.collectives,
-            "seconds": self.seconds,
-            "coefficients": self.coefficients,
-        }
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
 
 
 @contextlib.contextmanager
@@ -58,46 +63,112 @@ def dense_allreduce_bytes(numel: int, replicas: int, element_size: int = 4) -> i
     return 2 * (replicas - 1) * numel * element_size // replicas
 
 
+def exchange_bytes(
+    replicator: str, local_shapes: list[tuple[int, ...]], replicas: int, *, rate: float | None, topk: int | None,
+    chunk: int, value_bytes: int = 2,
+) -> int:
+    """Bytes one rank sends per optimizer step with ``replicator``, from its local shard shapes.
+
+    * ``demo``: all-gather of positions and values (+ the 1-byte flag): ``(R - 1) * payload``;
+    * ``random``: all-reduce of the values (+ one flag value): ``2 (R - 1) / R * kept * value_bytes``;
+    * ``full``: all-reduce of the fp32 momentum (+ the flag): ``2 (R - 1) / R * numel * 4``;
+    * ``none`` or one replica: nothing.
+    """
+    if replicas == 1 or replicator == "none":
+        return 0
+    kept = numel = index_bytes = 0
+    for shape in local_shapes:
+        if not math.prod(shape):
+            continue
+        layout = BlockLayout.for_shape(tuple(shape), chunk)
+        count = layout.num_blocks * kept_per_block(layout.block_numel, rate, topk)
+        kept += count
+        numel += math.prod(shape)
+        index_bytes += count * index_dtype(layout.block_numel).itemsize
+    if replicator == "demo":
+        return (replicas - 1) * (index_bytes + kept * value_bytes + 1)
+    if replicator == "random":
+        return dense_allreduce_bytes(kept + 1, replicas, value_bytes)
+    return dense_allreduce_bytes(numel + 1, replicas, 4)
+
+
+def pack(tensors: list[Tensor]) -> Tensor:
+    """One contiguous byte buffer holding ``tensors`` back to back."""
+    return torch.cat([t.contiguous().reshape(-1).view(torch.uint8) for t in tensors])
+
+
+def unpack(buffers: Tensor, like: list[Tensor]) -> list[Tensor]:
+    """Split ``(R, bytes)`` packed rows into ``(R, *shape)`` tensors shaped and typed like ``like``."""
+    out, offset = [], 0
+    for tensor in like:
+        size = tensor.numel() * tensor.element_size()
+        piece = buffers[:, offset : offset + size].reshape(-1).clone()  # a fresh, aligned copy
+        out.append(piece.view(tensor.dtype).view(buffers.shape[0], *tensor.shape))
+        offset += size
+    return out
+
+
+class _Timer:
+    """Seconds spent in collectives, without a host sync on CUDA (events are read lazily)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    @contextlib.contextmanager
+    def measure(self, device: torch.device) -> Iterator[None]:
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            yield
+            end.record()
+            self._events.append((start, end))
+        else:
+            begin = time.perf_counter()
+            yield
+            self.seconds += time.perf_counter() - begin
+
+    def pop(self) -> float:
+        """Seconds measured since the last call (synchronises on the last CUDA event, if any)."""
+        if self._events:
+            self._events[-1][1].synchronize()
+            self.seconds += sum(start.elapsed_time(end) for start, end in self._events) / 1000.0
+            self._events.clear()
+        seconds, self.seconds = self.seconds, 0.0
+        return seconds
+
+
 class ReplicateGroup:
     """The inter-node process group of one rank, with byte and time accounting."""
 
     def __init__(self, group: dist.ProcessGroup | None) -> None:
         self.group = group
         self.size = 1 if group is None else dist.get_world_size(group)
+        self.timer = _Timer()
 
-    def all_gather(self, tensors: list[Tensor], stats: CommStats) -> list[Tensor]:
-        """Gather every tensor from every replica in one collective: each result is ``(R, *shape)``."""
+    def all_gather(self, buffer: Tensor, stats: CommStats) -> Tensor:
+        """Every replica's 1-D ``buffer`` (same size everywhere) as the rows of an ``(R, n)`` tensor."""
         if self.size == 1:
-            return [t.unsqueeze(0) for t in tensors]
-        flat = [t.contiguous().reshape(-1).view(torch.uint8) for t in tensors]
-        buffer = torch.cat(flat) if flat else torch.empty(0, dtype=torch.uint8)
+            return buffer.unsqueeze(0)
         gathered = buffer.new_empty(self.size * buffer.numel())
-        start = time.perf_counter()
-        with explained("all-gather of the momentum payload", self.group):
-            dist.all_gather_single(gathered, buffer, group=self.group)
-        gathered = gathered.view(self.size, -1)
-        stats.seconds += time.perf_counter() - start
-        stats.collectives += 1
-        stats.bytes_sent += (self.size - 1) * buffer.numel()
-        stats.bytes_received += (self.size - 1) * buffer.numel()
+        with self.timer.measure(buffer.device), explained("all-gather of the momentum payload", self.group):
+            dist.all_gather_into_tensor(gathered, buffer, group=self.group, async_op=True).wait()
+        sent = (self.size - 1) * buffer.numel() * buffer.element_size()
+        self._count(stats, sent, sent)
+        return gathered.view(self.size, -1)
 
-        out, offset = [], 0
-        for tensor, raw in zip(tensors, flat):
-            piece = gathered[:, offset : offset + raw.numel()].contiguous()
-            out.append(piece.view(tensor.dtype).view(self.size, *tensor.shape))
-            offset += raw.numel()
-        return out
-
-    def mean(self, tensor: Tensor, stats: CommStats) -> Tensor:
-        """Dense average of ``tensor`` over the replicas (in place)."""
+    def all_reduce(self, buffer: Tensor, stats: CommStats) -> Tensor:
+        """Sum of ``buffer`` over the replicas, in place."""
         if self.size == 1:
-            return tensor
-        start = time.perf_counter()
-        with explained("all-reduce of the momentum", self.group):
-            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group)
-        stats.seconds += time.perf_counter() - start
+            return buffer
+        with self.timer.measure(buffer.device), explained("all-reduce of the momentum payload", self.group):
+            dist.all_reduce(buffer, op=dist.ReduceOp.SUM, group=self.group, async_op=True).wait()
+        sent = dense_allreduce_bytes(buffer.numel(), self.size, buffer.element_size())
+        self._count(stats, sent, sent)
+        return buffer
+
+    @staticmethod
+    def _count(stats: CommStats, sent: int, received: int) -> None:
         stats.collectives += 1
-        sent = dense_allreduce_bytes(tensor.numel(), self.size, tensor.element_size())
         stats.bytes_sent += sent
-        stats.bytes_received += sent
-        return tensor.div_(self.size)
+        stats.bytes_received += received

@@ -31,6 +31,7 @@ _PUBLISHED_SHAPES = {
     "t5-v1_1-xl": (2048, 5120, 64, 32, 24, "gated-gelu", False),
     "t5-v1_1-xxl": (4096, 10240, 64, 64, 24, "gated-gelu", False),
 }
+T5_VOCAB_SIZE = 32128  # embedding rows of every published T5 checkpoint (its SentencePiece vocabulary + padding)
 T5_CONFIG_NAMES: tuple[str, ...] = (
     "tiny",
     *_PUBLISHED_SHAPES,

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from accelerate import ParallelismConfig
 
-from .mesh import validate_shard_size
+from .mesh import resolve_shard_size
 
 
 class ShardOnlyParallelismConfig(ParallelismConfig):
@@ -35,12 +34,8 @@ class Topology:
 
     @classmethod
     def resolve(cls, world_size: int, shard_size: int | None = None) -> Topology:
-        """``shard_size`` if given, else the launcher's: accelerate's parallelism config, else LOCAL_WORLD_SIZE."""
-        if shard_size is None:
-            launcher = os.environ.get("PARALLELISM_CONFIG_DP_SHARD_SIZE") or os.environ.get("LOCAL_WORLD_SIZE")
-            shard_size = int(launcher) if launcher else world_size
-        validate_shard_size(shard_size, world_size)
-        return cls(world_size, shard_size)
+        """``shard_size`` if given, else the launcher's (:func:`hf_flexdemo.mesh.resolve_shard_size`)."""
+        return cls(world_size, resolve_shard_size(world_size, shard_size))
 
     def as_dict(self) -> dict[str, int]:
         return {"world_size": self.world_size, "shard_size": self.shard_size, "replicate_size": self.replicate_size}

@@ -184,7 +184,7 @@ class FlexDeMoTrainer(Trainer):
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs and self.flexdemo_optimizer is not None:
-            logs.update(self.comm_metrics.collect(self.accelerator.device))
+            logs.update(self.comm_metrics.collect(self.accelerator.device, self.flexdemo_optimizer))
             logs["flexdemo/skipped_steps"] = self.flexdemo_optimizer.skipped_steps
         super().log(logs, start_time)
 

@@ -44,8 +44,9 @@ def launch(launcher: list[str], script: str | Path, args: list[str], timeout: fl
     return proc
 
 
-def run_worker(name: str, nproc: int, out: Path, *args: str, timeout: float = 300) -> list[dict]:
+def run_worker(name: str, nproc: int, out: Path, *args: str, timeout: float = 300,
+               env: dict | None = None) -> list[dict]:
     """Run ``tests/workers/<name>.py --out OUT args`` and load ``OUT/rank{r}.pt`` of every rank."""
     out.mkdir(parents=True, exist_ok=True)
-    torchrun(WORKERS / f"{name}.py", nproc, ["--out", str(out), *args], timeout=timeout)
+    torchrun(WORKERS / f"{name}.py", nproc, ["--out", str(out), *args], timeout=timeout, env=env)
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(nproc)]

@@ -1,67 +1,93 @@
-"""Top-k selection, error feedback and DeMo's mean-over-choosers decode."""
+"""Selection of the kept coefficients, the rate, and DeMo's mean-over-choosers decode."""
+
+import subprocess
+import sys
 
 import pytest
 import torch
 
 from hf_flexdemo import compression
-from hf_flexdemo.dct import BlockLayout, idct2
+from hf_flexdemo.dct import BlockLayout
 
 
-def _compress(x, layout, k, dtype=torch.float32):
-    coefficients = layout.dct(x, out=torch.empty_like(x), scratch=torch.empty_like(x))
-    blocks = layout.blocks(coefficients).reshape(-1, layout.block_numel).clone()
-    indices, values, estimate = compression.compress(
-        coefficients, layout, k, dtype, magnitude=torch.empty_like(x), estimate=torch.empty_like(x)
-    )
-    return blocks, indices, values, estimate.clone()
+def _coefficients(x: torch.Tensor, layout: BlockLayout) -> torch.Tensor:
+    return layout.dct(x, out=torch.empty_like(x), scratch=torch.empty_like(x))
 
 
-def test_selects_largest_magnitudes_and_estimates_them():
+def test_topk_selects_largest_magnitudes_of_every_block():
     torch.manual_seed(0)
     layout = BlockLayout.for_shape((16, 24), 8)
-    x = torch.randn(3, 16, 24)
-    blocks, indices, values, estimate = _compress(x, layout, 5)
-    assert indices.dtype == torch.int16 and indices.shape == (3 * 6, 5)
-    expected = blocks.abs().topk(5, dim=1).indices.sort(dim=1).values
-    assert torch.equal(indices.long().sort(dim=1).values, expected)
-    torch.testing.assert_close(values, blocks.gather(1, indices.long()))
-    dense = torch.zeros_like(blocks).scatter_(1, indices.long(), values).view(-1, 8, 8)
-    torch.testing.assert_close(estimate, idct2(dense), atol=1e-6, rtol=1e-5)
-
-
-def test_full_topk_estimate_is_the_signal():
-    layout = BlockLayout.for_shape((16, 24), 8)
-    x = torch.randn(2, 16, 24)
-    _, _, _, estimate = _compress(x, layout, 64)
-    restored = estimate.view(2, *layout.grid, 8, 8).transpose(2, 3).reshape(x.shape)
-    torch.testing.assert_close(restored, x, atol=1e-5, rtol=1e-5)
-
-
-def test_bfloat16_values_travel_rounded_and_estimate_uses_rounded_values():
-    layout = BlockLayout.for_shape((8, 8), 8)
-    x = torch.randn(1, 8, 8)
-    _, indices, values, estimate = _compress(x, layout, 3, torch.bfloat16)
+    c = _coefficients(torch.randn(3, 16, 24), layout)
+    blocks = layout.blocks(c).reshape(-1, layout.block_numel)
+    indices = compression.select_topk(c, layout, 5, magnitude=torch.empty_like(c))
+    assert indices.shape == (3 * 6, 5)
+    assert torch.equal(indices.sort(dim=1).values, blocks.abs().topk(5, dim=1).indices.sort(dim=1).values)
+    positions, values = compression.gather(c, layout, indices, torch.bfloat16)
     assert values.dtype == torch.bfloat16
-    dense = torch.zeros(1, 64).scatter_(1, indices.long(), values.float()).view(1, 8, 8)
-    torch.testing.assert_close(estimate, idct2(dense), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(values.float(), blocks.gather(1, indices).reshape(-1).bfloat16().float())
+    assert positions.shape == (3 * 6 * 5,)
 
 
-@pytest.mark.parametrize("k", [2, 40])  # sparse synthesis path and dense scatter + IDCT path
-def test_decode_is_mean_over_choosers(k):
-    """Reference: DeMo's scatter_reduce(mean, include_self=False) over all replicas, then IDCT."""
+def test_random_positions_are_distinct_and_reproducible():
+    layout = BlockLayout.for_shape((16, 24), 8)
+    draw = [compression.select_random(layout, 2, 8, torch.Generator().manual_seed(7)) for _ in range(2)]
+    assert torch.equal(draw[0], draw[1])
+    assert all(len(set(row.tolist())) == 8 for row in draw[0])
+    other = compression.select_random(layout, 2, 8, torch.Generator().manual_seed(8))
+    assert not torch.equal(draw[0], other)
+
+
+@pytest.mark.parametrize(("numel", "rate", "topk", "kept"),
+                         [(64, 1 / 8, None, 8), (64, 1 / 1024, None, 1), (6, 1 / 16, None, 1), (64, None, 4, 4),
+                          (4, None, 9, 4), (256, 1 / 16, None, 16)])
+def test_kept_per_block(numel, rate, topk, kept):
+    assert compression.kept_per_block(numel, rate, topk) == kept
+
+
+@pytest.mark.parametrize("replicas", [1, 3])
+def test_decode_is_mean_over_choosers(replicas):
+    """Reference: DeMo's scatter_reduce(mean, include_self=False) over all replicas, then the inverse DCT."""
     torch.manual_seed(0)
-    replicas, blocks, block = 3, 5, (8, 8)
-    indices = torch.stack([torch.stack([torch.randperm(64)[:k] for _ in range(blocks)]) for _ in range(replicas)])
-    values = torch.randn(replicas, blocks, k)
-    dense = torch.zeros(blocks, 64).scatter_reduce(
-        1, indices.transpose(0, 1).reshape(blocks, -1), values.transpose(0, 1).reshape(blocks, -1),
-        reduce="mean", include_self=False,
-    )
-    expected = idct2(dense.view(blocks, *block))
-    torch.testing.assert_close(compression.decode(indices.short(), values, block), expected, atol=1e-6, rtol=1e-5)
+    layout = BlockLayout.for_shape((16, 24), 8)
+    k, count = 6, 2
+    blocks = count * layout.num_blocks
+    indices = [torch.stack([torch.randperm(64)[:k] for _ in range(blocks)]) for _ in range(replicas)]
+    values = torch.randn(replicas, blocks * k)
+    positions = torch.stack([layout.flat_positions(count, i).view(-1) for i in indices])
+    out = torch.empty(count, 16, 24)
+    dense = compression.scatter_mean(positions, values, out=out, counts=torch.empty_like(out))
+    expected = torch.zeros(count * 16 * 24).scatter_reduce(
+        0, positions.view(-1), values.view(-1), reduce="mean", include_self=False)
+    torch.testing.assert_close(dense.view(-1), expected)
 
 
 def test_index_dtype_boundary():
     assert compression.index_dtype(181 * 181) == torch.int16
     assert compression.index_dtype(32768) == torch.int16
     assert compression.index_dtype(32769) == torch.int32
+
+
+_DECODE_64 = """
+import resource, torch
+from hf_flexdemo import compression
+from hf_flexdemo.dct import BlockLayout
+torch.manual_seed(0)
+layout, count, k, replicas = BlockLayout.for_shape((512, 2048), 8), 1, 16, 64   # 1M elements, 1/4 of each block
+indices = torch.rand(replicas, layout.num_blocks, 64).topk(k, dim=2).indices
+values = torch.randn(replicas, layout.num_blocks * k, dtype=torch.bfloat16)
+positions = torch.stack([layout.flat_positions(count, i).view(-1) for i in indices])
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+out = torch.empty(count, 512, 2048)
+compression.scatter_mean(positions, values, out=out, counts=torch.empty_like(out))
+layout.idct(out, out=torch.empty_like(out), scratch=torch.empty_like(out))
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)
+"""
+
+
+def test_decode_memory_is_linear_in_replicas_times_k():
+    """R = 64 replicas at the densest swept rate (1/4): the decode's peak memory beyond its inputs stays a few
+    dense buffers (O(numel + R * blocks * k)), where a pairwise comparison of chosen indices would need
+    blocks * (R * k)^2 = 1.07e10 bytes of booleans."""
+    numel, payload = 512 * 2048, 64 * (512 * 2048 // 4) * 2
+    peak = int(subprocess.run([sys.executable, "-c", _DECODE_64], capture_output=True, text=True, check=True).stdout)
+    assert peak < 6 * numel * 4 + 4 * payload, f"decode peak {peak / 2**20:.1f} MiB"

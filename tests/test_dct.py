@@ -1,10 +1,10 @@
-"""The blockwise DCT: orthonormal, equal to scipy per block, sparse synthesis equal to the dense inverse."""
+"""The blockwise DCT: orthonormal, equal to scipy per block, its inverse the identity; block positions."""
 
 import pytest
 import scipy.fft
 import torch
 
-from hf_flexdemo.dct import BlockLayout, dct_basis, idct2, largest_divisor, synthesize
+from hf_flexdemo.dct import BlockLayout, dct_basis, largest_divisor
 
 
 def _dct(x: torch.Tensor, layout: BlockLayout) -> torch.Tensor:
@@ -41,18 +41,30 @@ def test_matches_scipy_per_block(shape):
             torch.testing.assert_close(coefficients[0, i, j], torch.from_numpy(expected))
 
 
-def test_inverse_of_forward_is_identity():
+@pytest.mark.parametrize(("shape", "chunk"), [((96, 40), 32), ((130,), 64), ((3, 64, 10), 8), ((5, 7), 8)])
+def test_inverse_of_forward_is_identity(shape, chunk):
     torch.manual_seed(0)
-    x = torch.randn(4, 96, 40)
-    layout = BlockLayout.for_shape((96, 40), 32)
-    blocks = layout.blocks(_dct(x, layout)).reshape(-1, *layout.block)
-    restored = idct2(blocks).view(4, *layout.grid, *layout.block).transpose(2, 3).reshape(x.shape)
-    torch.testing.assert_close(restored, x, atol=1e-5, rtol=1e-5)
+    x = torch.randn(4, *shape, dtype=torch.float64)
+    layout = BlockLayout.for_shape(shape, chunk)
+    restored = layout.idct(_dct(x, layout), out=torch.empty_like(x), scratch=torch.empty_like(x))
+    torch.testing.assert_close(restored, x)
 
 
-def test_sparse_synthesis_equals_dense_inverse():
+def test_inverse_matches_scipy_per_block():
     torch.manual_seed(0)
-    indices = torch.stack([torch.randperm(12 * 10)[:5] for _ in range(6)])
-    values = torch.randn(6, 5, dtype=torch.float64)
-    dense = torch.zeros(6, 120, dtype=torch.float64).scatter_(1, indices, values).view(6, 12, 10)
-    torch.testing.assert_close(synthesize(indices, values, (12, 10)), idct2(dense))
+    c = torch.randn(2, 16, 24, dtype=torch.float64)
+    layout = BlockLayout.for_shape((16, 24), 8)
+    signal = layout.blocks(layout.idct(c, out=torch.empty_like(c), scratch=torch.empty_like(c)))
+    blocks = layout.blocks(c)
+    for index in [(0, 0, 0), (1, 1, 2)]:
+        expected = scipy.fft.idctn(blocks[index].numpy(), type=2, norm="ortho")
+        torch.testing.assert_close(signal[index], torch.from_numpy(expected))
+
+
+def test_flat_positions_address_the_blocks():
+    torch.manual_seed(0)
+    layout = BlockLayout.for_shape((16, 24), 8)
+    x = torch.randn(3, 16, 24)
+    indices = torch.randint(0, 64, (3 * layout.num_blocks, 5))
+    blocks = layout.blocks(x).reshape(-1, layout.block_numel)
+    assert torch.equal(x.reshape(-1)[layout.flat_positions(3, indices)], blocks.gather(1, indices))

@@ -24,7 +24,10 @@ def _params(dtype=torch.float32):
         ({"compression_decay": -0.1}, "compression_decay", "[0, 1)"),
         ({"lr": -1.0}, "lr", ">= 0"),
         ({"update": "lion"}, "update", "sign | sgd | adamw"),
-        ({"replicator": "powersgd"}, "replicator", "demo | full | none"),
+        ({"replicator": "powersgd"}, "replicator", "demo | random | full | none"),
+        ({"momentum": "nesterov"}, "momentum", "lr | ema"),
+        ({"compression_feedback": 0.0}, "compression_feedback", "(0, 1]"),
+        ({"replicator_seed": -1}, "replicator_seed", ">= 0"),
         ({"weight_decay": -0.1}, "weight_decay", ">= 0"),
         ({"value_dtype": "float16"}, "value_dtype", "bfloat16 | float32"),
         ({"betas": (0.9, 1.0)}, "betas", "[0, 1)"),
@@ -56,6 +59,9 @@ def test_state_is_lazy_and_per_parameter():
     state = opt.state_dict()["state"]
     assert set(state) == {0, 1}
     assert set(state[0]) == {"step", "delta", "exp_avg", "exp_avg_sq"}
+    assert opt.state_dict()["flexdemo"] == {"steps": 1, "skipped_steps": 0}
+    assert {"compression_rate", "compression_chunk", "replicator", "drift_check_every"} <= set(
+        opt.state_dict()["param_groups"][0])
     assert all(isinstance(k, torch.Tensor) for k in opt.state)  # only parameters key the state
 
 

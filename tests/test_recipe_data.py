@@ -12,11 +12,9 @@ import huggingface_hub
 import numpy as np
 import pytest
 import sacrebleu
+import seq2seq
 from rouge_score import rouge_scorer
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, EvalPrediction, TrainerState
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "recipes"))
-import seq2seq  # noqa: E402
 
 MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
 needs_multi30k = pytest.mark.skipif(
@@ -107,6 +105,44 @@ def test_arguments_from_a_json_file(tmp_path: Path) -> None:
     assert training_args.do_train and training_args.predict_with_generate and data_args.uses_number_words
 
 
+def test_config_file_under_command_line_flags(tmp_path: Path) -> None:
+    """TRL's precedence: recipe defaults < --config file < command-line flags, wherever --config stands."""
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        f"output_dir: {tmp_path / 'out'}\nmax_steps: 7\nupdate: sgd\nlearning_rate: 0.5\ncompression_topk: 8\n"
+        "do_eval: true\n"
+    )
+    _, data_args, training_args, flexdemo = parse(
+        "translation", "--max_steps", "9", "--config", str(config), "--compression_topk=2"
+    )
+    assert (training_args.max_steps, flexdemo.compression_topk) == (9, 2)  # the flags win over the file
+    assert (training_args.learning_rate, flexdemo.update) == (0.5, "sgd")  # the file wins over the recipe
+    assert training_args.output_dir == str(tmp_path / "out") and data_args.uses_number_words
+    assert training_args.do_eval and not training_args.do_train  # the file chose the phases
+    assert training_args.predict_with_generate and training_args.warmup_steps == 50  # the recipe's defaults
+
+
+def test_recipe_defaults_follow_the_file_and_the_flags(tmp_path: Path) -> None:
+    config = tmp_path / "run.yml"
+    config.write_text("update: adamw\n")
+    _, _, training_args, flexdemo = parse("translation", f"--config={config}")
+    assert (flexdemo.update, training_args.learning_rate) == ("adamw", 1e-3)
+    assert training_args.do_train and training_args.do_eval
+    _, _, training_args, flexdemo = parse("translation", "--config", str(config), "--update", "sgd")
+    assert (flexdemo.update, training_args.learning_rate) == ("sgd", 1.0)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [("max_stepz: 3\n", r"unknown argument\(s\) \['max_stepz'\]"), ("- 3\n", "expected a mapping")],
+)
+def test_bad_config_files_are_refused(tmp_path: Path, content: str, message: str) -> None:
+    config = tmp_path / "run.yaml"
+    config.write_text(content)
+    with pytest.raises(ValueError, match=message):
+        parse("translation", "--config", str(config))
+
+
 def test_preset_fills_only_what_the_user_left_open() -> None:
     _, data_args, _, _ = parse("translation", "--preset", "opus_books_en_fr", "--max_source_length", "64")
     assert (data_args.dataset_name, data_args.dataset_config_name) == ("Helsinki-NLP/opus_books", "en-fr")
@@ -128,7 +164,6 @@ def test_preset_fills_only_what_the_user_left_open() -> None:
         (["--max_target_length", "0"], "max_target_length must be >= 1"),
         (["--model_name_or_path", "m", "--config_name", "t5-small"], "pass one of them"),
         (["--tokenizer_vocab_size", "4"], "tokenizer_vocab_size must be >= 16"),
-        (["--method", "sgd"], "invalid method"),
     ],
 )
 def test_bad_arguments_are_refused_at_parse_time(argv: list[str], message: str) -> None:
@@ -136,10 +171,25 @@ def test_bad_arguments_are_refused_at_parse_time(argv: list[str], message: str) 
         parse("translation", *argv)
 
 
+@pytest.mark.parametrize(("flag", "value"), [("--method", "sgd"), ("--replicator", "powersgd"), ("--update", "lion"),
+                                             ("--momentum", "nesterov"), ("--on_drift", "ignore")])
+def test_typed_choices_are_refused_by_argparse_with_the_choices(flag, value, capsys) -> None:
+    with pytest.raises(SystemExit):
+        parse("translation", flag, value)
+    error = capsys.readouterr().err
+    assert f"argument {flag}" in error and f"invalid choice: '{value}' (choose from" in error
+
+
 def run_main(monkeypatch: pytest.MonkeyPatch, task: str, *argv: str) -> None:
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(sys, "argv", [f"t5_{task}.py", *argv])
     seq2seq.main(task)
+
+
+def test_predict_without_a_test_split_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="do_predict needs test data: pass --test_file"):
+        run_main(monkeypatch, "translation", "--output_dir", str(tmp_path), "--do_predict",
+                 "--number_words_train_size", "20", "--number_words_eval_size", "5")
 
 
 def test_preset_of_the_other_task_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -430,6 +480,8 @@ def test_translation_run_on_builtin_data(monkeypatch: pytest.MonkeyPatch, tmp_pa
     generated = model.generate(**tokenizer(["seven"], return_tensors="pt"), max_length=5)
     assert generated.shape[0] == 1
     assert json.loads((out / "eval_results.json").read_text())["eval_loss"] > 0
+    card = (out / "README.md").read_text()  # written without push_to_hub
+    assert "- flexdemo" in card and "## FlexDeMo training" in card and "- method: flexdemo" in card
 
 
 @needs_multi30k
@@ -447,10 +499,18 @@ def test_translation_run_on_multi30k(monkeypatch: pytest.MonkeyPatch, tmp_path: 
 
 def test_summarization_run_on_a_local_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys) -> None:
     path = write_jsonl(tmp_path / "articles.jsonl", ARTICLES * 8)
+    test = write_jsonl(tmp_path / "test.jsonl", ARTICLES)
+    out = tmp_path / "out"
     run_main(
-        monkeypatch, "summarization", "--output_dir", str(tmp_path / "out"), "--cache_dir", str(tmp_path / "cache"),
-        "--train_file", path, "--validation_file", path, "--max_eval_samples", "4", "--max_steps", "3",
+        monkeypatch, "summarization", "--output_dir", str(out), "--cache_dir", str(tmp_path / "cache"),
+        "--train_file", path, "--validation_file", path, "--test_file", test, "--max_eval_samples", "4",
+        "--max_predict_samples", "2", "--do_train", "--do_eval", "--do_predict", "--max_steps", "3",
         "--source_prefix", "summarize: ", "--generation_max_length", "8", "--disable_tqdm", "True",
     )
     printed = capsys.readouterr().out
     assert "t5_summarization summary" in printed and "ROUGE       rouge1" in printed
+    assert "predict     2 test examples" in printed
+    results = json.loads((out / "predict_results.json").read_text())
+    assert results["predict_samples"] == 2 and results["predict_loss"] > 0 and "predict_rouge1" in results
+    assert len((out / "generated_predictions.txt").read_text(encoding="utf-8").split("\n")) == 2
+    assert "## FlexDeMo training" in (out / "README.md").read_text()

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from trainer_worker import reverse_task, tiny_t5
+from tiny_model import tiny_t5
+from trainer_worker import reverse_task
 from transformers import TrainingArguments
 
 from hf_flexdemo import FlexDeMoConfig, FlexDeMoTrainer, checkpoint

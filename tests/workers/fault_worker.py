@@ -11,7 +11,8 @@ import os
 from pathlib import Path
 
 import torch.distributed as dist
-from trainer_worker import reverse_task, tiny_t5
+from tiny_model import tiny_t5
+from trainer_worker import reverse_task
 from transformers import TrainingArguments
 
 from hf_flexdemo import FlexDeMoConfig, FlexDeMoTrainer

@@ -9,25 +9,18 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from reference import reference_demo_step
+from reference import reference_demo_step, reference_update
+from tiny_model import VOCAB_SIZE, tiny_t5
 from torch import nn
 from torch.distributed.tensor import DTensor
-from transformers import T5Config, T5ForConditionalGeneration
 
 from hf_flexdemo import FlexDeMo, build_hybrid_mesh, shard_model
 from hf_flexdemo.mesh import init_process_group
 
 
-def tiny_t5() -> nn.Module:
-    torch.manual_seed(0)
-    config = T5Config(vocab_size=64, d_model=16, d_ff=32, d_kv=8, num_layers=2, num_heads=2,
-                      decoder_start_token_id=0, pad_token_id=0, dropout_rate=0.0)
-    return T5ForConditionalGeneration(config)
-
-
 def t5_batch(step: int, rank: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(1000 * step + rank)
-    ids = torch.randint(1, 64, (4, 12), generator=g)
+    ids = torch.randint(1, VOCAB_SIZE, (4, 12), generator=g)
     return {"input_ids": ids, "labels": ids.flip(1)}
 
 
@@ -88,14 +81,19 @@ def mean_gradient(reference: nn.Module, step: int, world: int) -> list[torch.Ten
 
 
 def case_dense_limit(args) -> dict:
-    """2 x 2, top-k = whole chunk, decay 0: FlexDeMo must equal the dense rule on the global mean gradient."""
+    """2 x 2, no compression: FlexDeMo must equal the dense rule on the global mean gradient.
+
+    ``replicator="demo"``: top-k = whole block and decay 0; ``"full"``: the dense momentum average, which
+    is spent every step, so its decay (0.9 here) never acts.
+    """
     mesh = build_hybrid_mesh(shard_size=2)
     model = mlp()
     reference = copy.deepcopy(model)
     shard_model(model, mesh)
     lr, wd = 0.05, 0.1
     opt = FlexDeMo(model.parameters(), lr=lr, weight_decay=wd, replicate_group=mesh["dp_replicate"].get_group(),
-                   compression_topk=64 * 64, compression_decay=0.0, update=args.update, value_dtype="float32")
+                   compression_topk=64 * 64, compression_decay=0.0 if args.replicator == "demo" else 0.9,
+                   update=args.update, replicator=args.replicator, value_dtype="float32")
     dense = {"sgd": torch.optim.SGD(reference.parameters(), lr=lr, weight_decay=0.0),
              "adamw": torch.optim.AdamW(reference.parameters(), lr=lr, weight_decay=wd),
              "sign": None}[args.update]
@@ -119,41 +117,97 @@ def case_dense_limit(args) -> dict:
                 dense.step()
     return {"flexdemo": [full(p) for p in model.parameters()],
             "dense": [p.detach().clone() for p in reference.parameters()],
-            "grads": grads_log}
+            "grads": grads_log, "comm_stats": opt.comm_stats,
+            "local_numel": sum(local(p).numel() for p in model.parameters())}
 
 
-def case_degenerate(args) -> dict:
-    """One node (R=1, FSDP over 4 ranks) or one rank per node (S=1, plain DeMo over 4 replicas)."""
-    shard_size = 4 if args.topology == "one_node" else 1
+SHARD_SIZES = {"one_node": 4, "two_by_two": 2, "one_rank_per_node": 1}
+
+
+def case_reference(args) -> dict:
+    """FlexDeMo against the naive float64 DeMo of ``reference.py``, compression on, on one topology:
+    one node (R=1, FSDP over 4 ranks), 2 x 2, or one rank per node (S=1, plain DeMo over 4 replicas)."""
+    shard_size = SHARD_SIZES[args.topology]
     mesh = build_hybrid_mesh(shard_size=shard_size)
+    replicas = mesh["dp_replicate"]
     rank = dist.get_rank()
     model = mlp()
     if shard_size > 1:
         shard_model(model, mesh)
-    lr, topk, chunk, decay = 0.01, 3, 4, 0.9
-    opt = FlexDeMo(model.parameters(), lr=lr, replicate_group=mesh["dp_replicate"].get_group(),
-                   compression_topk=topk, compression_chunk=chunk, compression_decay=decay, value_dtype="float32")
+    lr = {"sign": 0.01, "sgd": 0.5, "adamw": 0.01}[args.update]
+    topk, chunk, decay = 3, 4, 0.9
+    opt = FlexDeMo(model.parameters(), lr=lr, replicate_group=replicas.get_group(), compression_topk=topk,
+                   compression_chunk=chunk, compression_decay=decay, update=args.update, value_dtype="float32")
     params = [local(p) for p in model.parameters()]
-    expected, deltas, q_ref = None, None, None
+    deltas = [[torch.zeros_like(p, dtype=torch.float64)] * replicas.size() for p in params]
+    adam_states: list[dict] = [{} for _ in params]
     for step in range(3):
         mlp_loss(model, step, rank).backward()
         local_grads = [local(p.grad).clone() for p in model.parameters()]
-        gathered = [[torch.empty_like(g) for _ in range(mesh["dp_replicate"].size())] for g in local_grads]
+        gathered = [[torch.empty_like(g) for _ in range(replicas.size())] for g in local_grads]
         for out, g in zip(gathered, local_grads):
-            dist.all_gather(out, g, group=mesh["dp_replicate"].get_group())
+            dist.all_gather(out, g, group=replicas.get_group())
         before = [p.detach().clone() for p in params]
-        deltas = deltas or [[torch.zeros_like(g, dtype=torch.float64)] * len(o) for g, o in zip(local_grads, gathered)]
-        step_ref = [reference_demo_step(b, out, d, lr, topk, chunk, decay) if b.numel() else (b.double(), d, b.double())
-                    for b, out, d in zip(before, gathered, deltas)]
-        expected = [s[0] for s in step_ref]
-        deltas = [s[1] for s in step_ref]
-        q_ref = [s[2] for s in step_ref]
+        expected, q_ref = [], []
+        for i, (param, grads) in enumerate(zip(before, gathered)):
+            if not param.numel():
+                expected.append(param.double())
+                q_ref.append(param.double())
+                continue
+            deltas[i], q = reference_demo_step(grads, deltas[i], lr, topk, chunk, decay)
+            expected.append(reference_update(param, q, lr, args.update, adam_states[i]))
+            q_ref.append(q)
         opt.step()
         opt.zero_grad()
     return {"flexdemo": [p.detach().clone() for p in params], "expected": expected, "q": q_ref,
             "bytes_sent": opt.comm_stats["bytes_sent"], "collectives": opt.comm_stats["collectives"],
             "delta": [opt.state[p]["delta"].clone() for p in model.parameters()],
-            "delta_expected": [d[mesh["dp_replicate"].get_local_rank()] for d in deltas]}
+            "delta_expected": [d[replicas.get_local_rank()] for d in deltas]}
+
+
+def case_replicator_none(args) -> dict:
+    """2 x 2: ``replicator="none"`` on a replicate group of 2 must be refused at construction."""
+    mesh = build_hybrid_mesh(shard_size=2)
+    try:
+        FlexDeMo(mlp().parameters(), replicate_group=mesh["dp_replicate"].get_group(), replicator="none")
+    except ValueError as exc:
+        return {"error": str(exc)}
+    return {"error": None}
+
+
+def case_detonation(args) -> dict:
+    """FlexDeMo against the authors' ``detonation`` (DeToSGD + DeMoReplicator, DDP mode: sharding groups of 1)
+    on ranks {0, 1} and {2, 3}: two 2-rank plain-DeMo jobs, the same tiny T5, the same random gradients."""
+    try:
+        from optimizer_step import import_reference  # benchmarks/optimizer_step.py: the one way to import it
+
+        de_to_sgd, demo_replicator, _ = import_reference()
+    except ImportError as err:
+        return {"skip": f"detonation is not importable ({err}); it is in the bench extra: pip install -e .[bench]"}
+    rank = dist.get_rank()
+    pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    pair = pairs[rank // 2]
+    single, _ = dist.new_subgroups(group_size=1)
+    lr, topk, chunk = 1e-3, 4, 8
+    ours, theirs = tiny_t5(), tiny_t5()
+    opt = FlexDeMo(ours.parameters(), lr=lr, replicate_group=pair, compression_topk=topk, compression_chunk=chunk,
+                   value_dtype="float32")
+    reference = de_to_sgd(list(theirs.parameters()), lr=lr, replicator=demo_replicator(
+        compression_topk=topk, compression_chunk=chunk), sharding_parallel_group=single,
+        replication_parallel_group=pair)
+    generator = torch.Generator().manual_seed(7 + rank)
+    for _ in range(args.steps):
+        for a, b in zip(ours.parameters(), theirs.parameters()):
+            a.grad = torch.randn(a.shape, generator=generator)
+            b.grad = a.grad.clone()
+        opt.step()
+        reference.step()
+    return {"ours": {n: p.detach().clone() for n, p in ours.named_parameters()},
+            "theirs": {n: p.detach().clone() for n, p in theirs.named_parameters()},
+            "initial": {n: p.detach().clone() for n, p in tiny_t5().named_parameters()},
+            "delta_ours": {n: opt.state[p]["delta"].clone() for n, p in ours.named_parameters()},
+            "delta_theirs": {n: reference.state[p]["demo_delta"].clone() for n, p in theirs.named_parameters()},
+            "lr": lr}
 
 
 def case_resume(args) -> dict:
@@ -240,7 +294,7 @@ def main() -> None:
     for spec in parser.parse_args().case:
         name, *options = spec.split(",")
         defaults = {"steps": "50", "update": "sign", "topology": "one_node", "value_dtype": "bfloat16",
-                    "action": "raise"}
+                    "action": "raise", "replicator": "demo"}
         options = {**defaults, **dict(o.split("=") for o in options)}
         options["steps"] = int(options["steps"])
         results[spec] = globals()[f"case_{name}"](argparse.Namespace(**options))

@@ -1,4 +1,4 @@
-"""A deliberately naive DeMo step (one block at a time, dense scatter, dense IDCT) to check against."""
+"""A deliberately naive DeMo step (one block at a time, dense scatter, dense IDCT, float64) to check against."""
 
 from __future__ import annotations
 
@@ -27,10 +27,13 @@ def _blocks(shape: tuple[int, ...], chunk: int):
             yield (slice(i, i + n1), slice(j, j + n2)), (n1, n2)
 
 
-def reference_demo_step(param, grads, deltas, lr, topk, chunk, decay, value_dtype=torch.float32):
-    """One DeMo sign step of ``len(grads)`` replicas of ``param``; returns (new_param, new_deltas, Q)."""
-    shape = param.shape
-    as_matrix = (lambda t: t.reshape(1, -1)) if param.dim() == 1 else (lambda t: t.reshape(shape[0], -1))
+def reference_demo_step(grads, deltas, lr, topk, chunk, decay, value_dtype=torch.float32):
+    """DeMo's momentum, compression and exchange for ``len(grads)`` replicas of one parameter.
+
+    Returns the replicas' new momenta (after error feedback) and the decoded update ``Q``.
+    """
+    shape = grads[0].shape
+    as_matrix = (lambda t: t.reshape(1, -1)) if len(shape) == 1 else (lambda t: t.reshape(shape[0], -1))
     deltas = [as_matrix(decay * d.double() + lr * g.double()).clone() for d, g in zip(deltas, grads)]
     q = torch.zeros_like(deltas[0])
     for where, (n1, n2) in _blocks(tuple(shape), chunk):
@@ -48,5 +51,24 @@ def reference_demo_step(param, grads, deltas, lr, topk, chunk, decay, value_dtyp
             count.index_add_(0, idx, torch.ones_like(vals))
         mean = total / count.clamp(min=1)
         q[where] = d1.T @ mean.view(n1, n2) @ d2
-    new_param = param.double() - lr * torch.sign(q.view(shape))
-    return new_param, [d.view(shape) for d in deltas], q.view(shape)
+    return [d.view(shape) for d in deltas], q.view(shape)
+
+
+def reference_update(param, q, lr, update, state, betas=(0.9, 0.999), eps=1e-8):
+    """``param`` after FlexDeMo's ``update`` rule on the decoded ``q`` (float64; ``state`` holds AdamW's moments).
+
+    ``"sign"``: ``p - lr * sign(q)``; ``"sgd"``: ``p - q`` (``q`` already carries lr); ``"adamw"``: AdamW
+    (no weight decay) fed the gradient estimate ``q / lr``.
+    """
+    param = param.double()
+    if update == "sign":
+        return param - lr * torch.sign(q)
+    if update == "sgd":
+        return param - q
+    grad = q / lr
+    state["step"] = state.get("step", 0) + 1
+    state["m"] = betas[0] * state.get("m", 0.0) + (1 - betas[0]) * grad
+    state["v"] = betas[1] * state.get("v", 0.0) + (1 - betas[1]) * grad * grad
+    m_hat = state["m"] / (1 - betas[0] ** state["step"])
+    v_hat = state["v"] / (1 - betas[1] ** state["step"])
+    return param - lr * m_hat / (v_hat.sqrt() + eps)

@@ -9,23 +9,17 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from datasets import Dataset
+from tiny_model import VOCAB_SIZE, tiny_t5
 from torch.distributed.tensor import DTensor
-from transformers import T5Config, T5ForConditionalGeneration, TrainingArguments, set_seed
+from transformers import TrainingArguments
 
 from hf_flexdemo import FlexDeMoConfig, FlexDeMoTrainer
-
-
-def tiny_t5() -> T5ForConditionalGeneration:
-    set_seed(0)
-    config = T5Config(vocab_size=32, d_model=32, d_ff=64, d_kv=8, num_layers=2, num_heads=4,
-                      decoder_start_token_id=0, pad_token_id=0, dropout_rate=0.0)
-    return T5ForConditionalGeneration(config)
 
 
 def reverse_task(n: int) -> Dataset:
     """Learnable toy task: output the input tokens reversed."""
     g = torch.Generator().manual_seed(0)
-    ids = torch.randint(2, 32, (n, 8), generator=g)
+    ids = torch.randint(2, VOCAB_SIZE, (n, 8), generator=g)
     return Dataset.from_dict({"input_ids": ids.tolist(), "labels": ids.flip(1).tolist()})
 
 
@@ -50,6 +44,7 @@ def main() -> None:
     parser.add_argument("--fp16", action="store_true")
     parser.add_argument("--final_save", action="store_true")
     parser.add_argument("--topk", type=int, default=4)
+    parser.add_argument("--update", default="sign")
     parser.add_argument("--logging_steps", type=int, default=5)
     args = parser.parse_args()
 
@@ -61,7 +56,7 @@ def main() -> None:
         report_to=[], seed=0, data_seed=0, max_grad_norm=0.0, bf16=args.bf16, fp16=args.fp16,
         dataloader_drop_last=True, disable_tqdm=True,
     )
-    config = FlexDeMoConfig(method=args.method, compression_topk=args.topk, compression_chunk=8,
+    config = FlexDeMoConfig(method=args.method, compression_topk=args.topk, compression_chunk=8, update=args.update,
                             shard_size=args.shard_size or None)
     model = tiny_t5()
     trainer = FlexDeMoTrainer(model=model, args=training_args, train_dataset=reverse_task(512),

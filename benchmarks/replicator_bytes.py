@@ -1,0 +1,225 @@
+"""Inter-node bytes per rank per optimizer step of every replicator, against the number of nodes R.
+
+Why: an all-gather of top-k payloads (``replicator="demo"``) sends ``(R - 1)`` times the payload, so its
+saving over a dense all-reduce shrinks as nodes are added, while an all-reduce (``"random"``, ``"full"``,
+AdamW-HSDP) stays under twice its buffer at any R. This script computes, from the exact shapes of the local
+FSDP2 shards (no training, no communication), the bytes each rank puts on the inter-node link per step for
+R = 2 ... 64 nodes, and the R at which the all-gather stops paying off.
+
+    python benchmarks/replicator_bytes.py       # T5-small shape, shard size 8, package defaults: ~5 s on 2 cores
+
+Model: the published T5-small shape (``hf_flexdemo.tiny_t5.named_t5_config("t5-small", T5_VOCAB_SIZE)``,
+60.5 M parameters, tied embeddings counted once), built on the meta device. FSDP2 shards dim 0 of every
+parameter over ``--shard_size`` processes per node with ``torch.chunk``; rank 0's shard is the largest
+(``ceil(dim0 / shard_size)`` rows, the padded size FSDP2 communicates). Compression: the package defaults
+(``hf_flexdemo.optimizer.DEFAULT_RATE``, ``DEFAULT_CHUNK``) unless ``--rate``/``--chunk`` are given.
+
+Formulas (ring algorithms, counted as ``hf_flexdemo/replicate.py`` counts them; per rank, per step; the
+sums run over the rank's non-empty local shards; ``//`` is integer division as in
+``hf_flexdemo.replicate.dense_allreduce_bytes``):
+
+* ``demo`` -- one all-gather of the packed payload::
+
+      payload = sum_params blocks * k * (index_bytes + value_bytes) + 1          # + 1 non-finite flag byte
+      bytes   = (R - 1) * payload
+
+  ``blocks``/``block_numel`` from ``BlockLayout.for_shape(local_shape, chunk)``,
+  ``k = compression.kept_per_block(block_numel, rate, None)``,
+  ``index_bytes = compression.index_dtype(block_numel).itemsize`` (int16 up to 181 x 181 blocks),
+  ``value_bytes`` = 2 (bf16; 4 with ``value_dtype="float32"``).
+* ``random`` -- one all-reduce of the values only (positions come from a shared seed), plus the flag as
+  one more value::
+
+      values = sum_params blocks * k
+      bytes  = 2 * (R - 1) * (values + 1) * value_bytes // R
+* ``full`` -- one all-reduce of the fp32 momentum, plus the flag::
+
+      bytes = 2 * (R - 1) * (numel + 1) * 4 // R
+* ``adamw`` (AdamW-HSDP) -- FSDP2's dense fp32 gradient all-reduce of the shard::
+
+      bytes = 2 * (R - 1) * numel * 4 // R
+
+Writes ``benchmarks/results/replicator_bytes.json`` (command, machine, versions, settings, the local shard
+shapes, per-R bytes, ratios, crossovers and the Markdown table) and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import shlex
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from machine import describe_machine
+
+from hf_flexdemo import compression
+from hf_flexdemo.dct import BlockLayout
+from hf_flexdemo.optimizer import DEFAULT_CHUNK, DEFAULT_RATE
+from hf_flexdemo.replicate import dense_allreduce_bytes, exchange_bytes
+from hf_flexdemo.tiny_t5 import T5_CONFIG_NAMES, T5_VOCAB_SIZE, named_t5_config
+
+HERE = Path(__file__).resolve().parent
+REPLICATORS = ("demo", "random", "full", "adamw")
+DESCRIPTIONS = {
+    "demo": "FlexDeMo demo: all-gather of (index, value) top-k payloads",
+    "random": "FlexDeMo random: all-reduce of the values at shared random positions",
+    "full": "FlexDeMo full: all-reduce of the fp32 momentum",
+    "adamw": "AdamW-HSDP: dense fp32 gradient all-reduce",
+}
+DEFAULT_NODES = (2, 4, 8, 16, 32, 64)
+
+
+def kept_coefficients(local_shapes: Sequence[tuple[int, ...]], rate: float, chunk: int) -> list[tuple[int, int, int]]:
+    """``(blocks, k, block_numel)`` of every non-empty local shard."""
+    kept = []
+    for shape in local_shapes:
+        if not torch.Size(shape).numel():
+            continue  # an empty shard sends nothing (the optimizer skips it)
+        layout = BlockLayout.for_shape(tuple(shape), chunk)
+        kept.append((layout.num_blocks, compression.kept_per_block(layout.block_numel, rate, None),
+                     layout.block_numel))
+    return kept
+
+
+def bytes_per_rank(replicator: str, local_shapes: list[tuple[int, ...]], replicas: int, rate: float, chunk: int,
+                   value_bytes: int = 2) -> int:
+    """Bytes one rank sends across nodes in one optimizer step (the formulas of the module docstring).
+
+    FlexDeMo's replicators are counted by ``hf_flexdemo.replicate.exchange_bytes``, the function the optimizer's
+    counters are tested against; ``"adamw"`` is AdamW-HSDP's dense fp32 all-reduce of the same shards.
+    """
+    if replicator != "adamw":
+        return exchange_bytes(replicator, local_shapes, replicas, rate=rate, topk=None, chunk=chunk,
+                              value_bytes=value_bytes)
+    return dense_allreduce_bytes(sum(torch.Size(shape).numel() for shape in local_shapes), replicas, 4)
+
+
+def local_shard_shapes(config_name: str, shard_size: int) -> tuple[list[tuple[str, tuple[int, ...]]], int]:
+    """Rank 0's FSDP2 shard shape of every parameter of the named T5 (tied weights once), and the model's size."""
+    from transformers import T5ForConditionalGeneration
+
+    with torch.device("meta"):
+        model = T5ForConditionalGeneration(named_t5_config(config_name, T5_VOCAB_SIZE))
+    shapes = []
+    for name, parameter in model.named_parameters():  # named_parameters yields a tied weight once
+        if parameter.dim() == 0 or shard_size == 1:
+            shapes.append((name, tuple(parameter.shape)))
+        else:
+            shapes.append((name, tuple(parameter.chunk(shard_size, dim=0)[0].shape)))
+    return shapes, sum(p.numel() for p in model.parameters())
+
+
+def first_at_least(nodes: Sequence[int], left: dict[int, int], right: dict[int, int]) -> int | None:
+    """The smallest R of ``nodes`` with ``left[R] >= right[R]`` (None if there is none)."""
+    return next((r for r in nodes if left[r] >= right[r]), None)
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    header = ["R (nodes)", "demo (all-gather)", "random (all-reduce values)", "full (fp32 momentum)",
+              "AdamW-HSDP (dense fp32)", "dense / demo", "dense / random", "demo / random"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        b = row["bytes"]
+        lines.append(f"| {row['replicas']} | {b['demo']:,} | {b['random']:,} | {b['full']:,} | {b['adamw']:,} | "
+                     f"{row['dense_over_demo']:.2f} | {row['dense_over_random']:.2f} | "
+                     f"{row['demo_over_random']:.2f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config_name", default="t5-small", choices=T5_CONFIG_NAMES,
+                        help="a published T5 shape (hf_flexdemo.tiny_t5), vocab T5_VOCAB_SIZE")
+    parser.add_argument("--shard_size", type=int, default=8, help="processes per node (FSDP2 group size)")
+    parser.add_argument("--nodes", type=int, nargs="+", default=list(DEFAULT_NODES), help="values of R")
+    parser.add_argument("--rate", type=float, default=DEFAULT_RATE, help="compression_rate (package default)")
+    parser.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, help="compression_chunk (package default)")
+    parser.add_argument("--value_bytes", type=int, default=2, choices=(2, 4), help="2: bf16 values, 4: fp32")
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "replicator_bytes.json")
+    args = parser.parse_args()
+    if args.shard_size < 1 or min(args.nodes) < 1 or not 0 < args.rate <= 1 or args.chunk < 1:
+        parser.error("--shard_size, --nodes and --chunk must be >= 1 and --rate in (0, 1]")
+    started = datetime.datetime.now(datetime.timezone.utc)
+    clock = time.monotonic()
+    named_shapes, parameters = local_shard_shapes(args.config_name, args.shard_size)
+    shapes = [shape for _, shape in named_shapes]
+    nodes = sorted(set(args.nodes))
+    table = {r: {m: bytes_per_rank(m, shapes, r, args.rate, args.chunk, args.value_bytes) for m in REPLICATORS}
+             for r in nodes}
+    rows = [{
+        "replicas": r,
+        "bytes": table[r],
+        "dense_over_demo": table[r]["adamw"] / table[r]["demo"] if table[r]["demo"] else None,
+        "dense_over_random": table[r]["adamw"] / table[r]["random"] if table[r]["random"] else None,
+        "demo_over_random": table[r]["demo"] / table[r]["random"] if table[r]["random"] else None,
+    } for r in nodes if r > 1]
+    per_r = {m: {r: table[r][m] for r in nodes if r > 1} for m in REPLICATORS}
+    grid = [r for r in nodes if r > 1]
+    kept = kept_coefficients(shapes, args.rate, args.chunk)
+    coefficients = sum(blocks * k for blocks, k, _ in kept)
+    numel = sum(torch.Size(s).numel() for s in shapes)
+    payload = bytes_per_rank("demo", shapes, 2, args.rate, args.chunk, args.value_bytes)
+    # demo = (R-1) P and dense = 8 n (R-1)/R, so demo >= dense exactly when R >= 8 n / P.
+    crossover_exact = 8 * numel / payload
+    dense_cross = first_at_least(grid, per_r["demo"], per_r["adamw"])
+    random_cross = first_at_least(grid, per_r["demo"], per_r["random"])
+    text = markdown(rows)
+    summary = (
+        f"demo's all-gather sends (R-1) x {payload:,} B per rank, AdamW-HSDP's dense all-reduce (R-1)/R x 8 x "
+        f"{numel:,} B: demo >= dense for R >= 8 n / payload = {crossover_exact:.2f} (on this grid from R = "
+        f"{dense_cross}); demo >= random for every R >= {random_cross} on this grid (random's all-reduce stays "
+        f"below 2 x {(coefficients + 1) * args.value_bytes:,} B at any R)."
+    )
+    report = {
+        "command": shlex.join(sys.orig_argv),
+        "started_at": started.isoformat(timespec="seconds"),
+        "duration_seconds": time.monotonic() - clock,
+        "machine": describe_machine(),
+        "settings": {
+            "config_name": args.config_name, "vocab_size": T5_VOCAB_SIZE, "shard_size": args.shard_size,
+            "nodes": nodes, "compression_rate": args.rate, "compression_chunk": args.chunk,
+            "value_bytes": args.value_bytes, "shard_of": "rank 0 (torch.chunk on dim 0, the largest shard)",
+        },
+        "formulas": {
+            "demo": "(R-1) * (sum_params blocks*k*(index_bytes+value_bytes) + 1)",
+            "random": "2*(R-1)*(sum_params blocks*k + 1)*value_bytes // R",
+            "full": "2*(R-1)*(numel+1)*4 // R",
+            "adamw": "2*(R-1)*numel*4 // R",
+        },
+        "descriptions": DESCRIPTIONS,
+        "model_parameters": parameters,
+        "local_shard": {
+            "numel": numel,
+            "kept_coefficients": coefficients,
+            "density": coefficients / numel,
+            "demo_payload_bytes": payload,
+            "bytes_per_kept_coefficient_demo": (payload - 1) / coefficients,  # less the 1-byte non-finite flag
+            "shapes": {name: list(shape) for name, shape in named_shapes},
+        },
+        "rows": rows,
+        "crossover": {
+            "demo_ge_dense_from_R": dense_cross,
+            "demo_ge_dense_from_R_exact": crossover_exact,
+            "demo_ge_random_from_R": random_cross,
+            "summary": summary,
+        },
+        "table": text,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1))
+    print(f"{args.config_name} ({parameters:,} parameters), shard size {args.shard_size}: rank 0's shard holds "
+          f"{numel:,} elements, {coefficients:,} kept coefficients (density {coefficients / numel:.4g}, "
+          f"rate {args.rate:g}, chunk {args.chunk}). Bytes per rank per optimizer step:\n")
+    print(text)
+    print(f"\n{summary}")
+    print(f"[replicator_bytes] wrote {args.out} in {report['duration_seconds']:.1f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,177 @@
+"""Sweeps of FlexDeMo's knobs on the convergence benchmark: the measurements the package defaults come from.
+
+Each grid is a list of runs (method, learning rate, FlexDeMoConfig fields) on one convergence preset
+(``convergence.py``'s data, model, topology and worker). Results accumulate in
+``benchmarks/results/sweep_<grid>.json`` after every run, so an interrupted sweep resumes where it
+stopped (``--rerun`` starts over); the JSON also holds a Markdown table and the Pareto front, and a
+plot of final validation loss against inter-node bytes per step goes next to it, AdamW as the line.
+
+    python benchmarks/sweep.py density    # rate x block x lr x replicator, 300 steps: ~3 min per run on 2 cores
+    python benchmarks/sweep.py levers     # what closes the gap over 1,000 steps: ~10 min per run
+    python benchmarks/sweep.py levers --only "flexdemo lr=0.003 compression_feedback=0.2 momentum=ema"
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import convergence
+from machine import describe_machine
+
+HERE = Path(__file__).resolve().parent
+QUICK = ["--quick", "--bleu_samples", "0"]
+LONG = [*QUICK, "--max_steps", "1000", "--eval_steps", "100", "--warmup_steps", "50"]
+OLD_DEFAULT = {"compression_topk": 4, "compression_chunk": 64}  # the first release: 4 of 64 x 64 = 1/1024
+V2 = {"momentum": "ema", "compression_feedback": 0.2}  # DeMo's second version (arXiv 2411.19870v2)
+TRAINING_KNOBS = ("adam_beta1",)  # TrainingArguments fields: convergence.py flags, not FlexDeMoConfig fields
+
+
+def _run(method: str, lr: float, **knobs: Any) -> dict[str, Any]:
+    return {"method": method, "lr": lr, "knobs": knobs}
+
+
+GRIDS: dict[str, dict[str, Any]] = {
+    "density": {
+        "argv": QUICK,
+        "runs": [
+            _run("adamw", 3e-3),
+            *(_run("flexdemo", 3e-3, compression_rate=rate, compression_chunk=8) for rate in (1 / 8, 1 / 16, 1 / 4)),
+            _run("flexdemo", 3e-3, compression_rate=1 / 8, compression_chunk=8, replicator="random"),
+            _run("flexdemo", 3e-3, compression_rate=1 / 32, compression_chunk=8),
+            _run("flexdemo", 1e-2, **OLD_DEFAULT),
+            _run("demo", 3e-3, compression_rate=1 / 8, compression_chunk=8),
+            _run("flexdemo", 3e-3, compression_rate=1 / 16, compression_chunk=64),
+            _run("flexdemo", 1e-3, compression_rate=1 / 8, compression_chunk=8),
+            _run("flexdemo", 1e-2, compression_rate=1 / 8, compression_chunk=8),
+            _run("flexdemo", 3e-3, compression_rate=1 / 16, compression_chunk=8, replicator="random"),
+            _run("demo", 3e-3, compression_rate=1 / 16, compression_chunk=8),
+        ],
+    },
+    "levers": {
+        "argv": LONG,
+        "runs": [
+            _run("adamw", 3e-3),
+            _run("flexdemo", 3e-3, compression_rate=1 / 8, compression_chunk=8, **V2),
+            _run("flexdemo", 3e-3, compression_rate=1 / 8, compression_chunk=8, update="adamw", adam_beta1=0.0),
+            _run("flexdemo", 3e-3, compression_rate=1 / 8, compression_chunk=8, update="adamw"),
+            _run("flexdemo", 3e-3, compression_rate=1 / 8, compression_chunk=8),  # DeMo v1 rule at 1/8
+            _run("flexdemo", 3e-3, compression_rate=1 / 8, compression_chunk=8, momentum="ema"),
+        ],
+    },
+}
+
+
+def run_key(run: dict[str, Any]) -> str:
+    knobs = " ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(run["knobs"].items()))
+    return f"{run['method']} lr={run['lr']:g} {knobs}".strip()
+
+
+def pareto(rows: list[dict[str, Any]]) -> list[str]:
+    """Keys of the runs no other run beats on both final loss and bytes per step."""
+    ok = [r for r in rows if math.isfinite(r.get("final_eval_loss", math.nan))]
+    return [r["key"] for r in ok if not any(
+        o["final_eval_loss"] <= r["final_eval_loss"] and o["bytes_per_step"] <= r["bytes_per_step"]
+        and (o["final_eval_loss"], o["bytes_per_step"]) != (r["final_eval_loss"], r["bytes_per_step"]) for o in ok)]
+
+
+def table(rows: list[dict[str, Any]], front: list[str]) -> str:
+    lines = ["| run | final val loss | vs AdamW | bytes/step (all ranks) | train s | Pareto |",
+             "|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: r.get("final_eval_loss", math.inf)):
+        if r["status"] != "ok":
+            lines.append(f"| {r['key']} | {r['status']} | | | | |")
+            continue
+        gap = "-" if r.get("gap_pct") is None else f"{r['gap_pct']:+.1f} %"
+        lines.append(f"| {r['key']} | {r['final_eval_loss']:.3f} | {gap} | {r['bytes_per_step']:.4g} | "
+                     f"{r['train_wall_seconds']:.0f} | {'yes' if r['key'] in front else ''} |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict[str, Any]], title: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(8, 5))
+    for r in rows:
+        if r["status"] != "ok":
+            continue
+        if r["method"] == "adamw":
+            axes.axhline(r["final_eval_loss"], color="black", linestyle="--",
+                         label=f"adamw (HSDP, {r['bytes_per_step']:.3g} B/step)")
+            continue
+        marker = {"flexdemo": "o", "demo": "s"}[r["method"]]
+        axes.scatter(r["bytes_per_step"], r["final_eval_loss"], marker=marker)
+        axes.annotate(r["key"].replace(" compression_", " ").replace(f"{r['method']} ", ""),
+                      (r["bytes_per_step"], r["final_eval_loss"]), fontsize=6)
+    axes.set_xscale("log")
+    axes.set_xlabel("inter-node bytes per optimizer step, all ranks (o flexdemo, s demo)")
+    axes.set_ylabel("final validation loss")
+    axes.set_title(title, fontsize=9)
+    axes.grid(True, alpha=0.3)
+    axes.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("grid", choices=sorted(GRIDS))
+    parser.add_argument("--only", nargs="+", help="run keys to run (default: every run of the grid)")
+    parser.add_argument("--rerun", action="store_true", help="ignore the results already in the JSON")
+    parser.add_argument("--out", type=Path, help="default: benchmarks/results/sweep_<grid>.json")
+    args = parser.parse_args()
+    grid = GRIDS[args.grid]
+    out = args.out or HERE / "results" / f"sweep_{args.grid}.json"
+    report = json.loads(out.read_text()) if out.exists() and not args.rerun else {"runs": {}}
+    settings = convergence.parse_args(grid["argv"])
+    report.update(command=shlex.join(sys.orig_argv), grid=args.grid, convergence_argv=grid["argv"],
+                  settings=convergence.settings(settings), machine=describe_machine())
+    report.setdefault("started_at", datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+    wanted = [r for r in grid["runs"] if not args.only or run_key(r) in args.only]
+    with tempfile.TemporaryDirectory(prefix="fdm-sweep-") as scratch:
+        for run in wanted:
+            key = run_key(run)
+            if key in report["runs"] and report["runs"][key]["status"] == "ok":
+                continue
+            training = [f"--{k}={v}" for k, v in run["knobs"].items() if k in TRAINING_KNOBS]
+            knobs = [f"{k}={v}" for k, v in run["knobs"].items() if k not in TRAINING_KNOBS]
+            options = convergence.parse_args([*grid["argv"], *training, *(["--flexdemo", *knobs] if knobs else [])])
+            start = time.monotonic()
+            result = convergence.summarize(convergence.run_method(options, run["method"], run["lr"], 0, Path(scratch)))
+            report["runs"][key] = {"method": run["method"], "knobs": run["knobs"], "seconds": time.monotonic() - start,
+                                   **result}
+            out.write_text(json.dumps(report, indent=1))
+    rows = []
+    reference = next((r["final_eval_loss"] for r in report["runs"].values()
+                      if r["method"] == "adamw" and r["status"] == "ok"), None)
+    for key, r in report["runs"].items():
+        row = {"key": key, "method": r["method"], "status": r["status"]}
+        if r["status"] == "ok":
+            row |= {"final_eval_loss": r["final_eval_loss"], "bytes_per_step": r["bytes_sent"]["per_step"],
+                    "train_wall_seconds": r["train_wall_seconds"],
+                    "gap_pct": None if reference is None or r["method"] == "adamw"
+                    else 100 * (r["final_eval_loss"] - reference) / reference}
+        rows.append(row)
+    front = pareto([r for r in rows if r["status"] == "ok" and r["method"] != "adamw"])
+    report.update(rows=rows, pareto=front, table=table(rows, front))
+    out.write_text(json.dumps(report, indent=1))
+    title = f"sweep '{args.grid}': {' '.join(grid['argv'])} (2 nodes x 2 CPU ranks, Multi30k en->fr)"
+    plot(rows, title, out.with_suffix(".png"))
+    print(report["table"])
+    print(f"[sweep] wrote {out} and {out.with_suffix('.png')}")
+
+
+if __name__ == "__main__":
+    main()
