@@ -16,8 +16,8 @@ process start and data loading); the sweep is 9 such runs without BLEU; the full
 from a 20-step probe (2.4 s per step and 7.5 s per evaluation with 4 ranks on 2 cores: ~1.4 h per method).
 
 Learning rates: ``--lrs METHOD=LR ...`` if given; else the ones ``--lr_sweep`` chose, read from
-``results/convergence[_quick]_lr_sweep.json``; else the built-in ``DEFAULT_LRS`` (the recipe's choice on
-its number-words task, not swept on this data). The JSON names the source. ``--lr_sweep`` runs the
+``results/convergence[_quick]_lr_sweep.json``; else the built-in ``DEFAULT_LRS`` (chosen by
+``benchmarks/sweep.py density``). The JSON names the source. ``--lr_sweep`` runs the
 same preset with each learning rate of ``SWEEP_LRS`` for each method (no BLEU) and keeps the one with the
 lowest final validation loss.
 
@@ -53,7 +53,8 @@ METHODS = ("adamw", "flexdemo", "demo")  # adamw first: the reference of the gap
 NPROC, SHARD_SIZE = 4, 2  # 2 nodes x 2 processes
 GAP_TARGET_PCT = 2.0  # issue #9: FlexDeMo's final validation loss within 2 % of AdamW's
 BYTES_RATIO_TARGET = 8.0  # ... with at least 8x fewer inter-node bytes per step
-# The recipe's learning rates on its number-words task (recipes/seq2seq.py): the fallback when no sweep ran.
+# The learning rates benchmarks/sweep.py measured best on this data (results/sweep_density.json: 3e-3 against
+# 1e-3 and 1e-2 for FlexDeMo's default rule; AdamW's own sweep of the first release also chose 3e-3).
 DEFAULT_LRS = {"adamw": 3e-3, "flexdemo": 3e-3, "demo": 3e-3}
 SWEEP_LRS = {"adamw": (1e-3, 3e-3, 1e-2), "flexdemo": (1e-3, 3e-3, 1e-2), "demo": (1e-3, 3e-3, 1e-2)}
 PRESETS: dict[str, dict[str, Any]] = {
@@ -264,7 +265,7 @@ def learning_rates(args: argparse.Namespace) -> tuple[dict[str, float], dict[str
                   if k not in ("methods", "bleu_samples") and settings(args).get(k) != v}
         if differ:
             swept_by += f"; swept with other settings: {differ}"
-    default = "built-in DEFAULT_LRS (the recipe's number-words choice; not swept on this data)"
+    default = "built-in DEFAULT_LRS (benchmarks/sweep.py density: results/sweep_density.json)"
     lrs, sources = {}, {}
     for method in args.methods:
         for source, table in (("command line (--lrs)", dict(args.lrs)), (swept_by, swept), (default, DEFAULT_LRS)):

@@ -31,7 +31,8 @@ HERE = Path(__file__).resolve().parent
 QUICK = ["--quick", "--bleu_samples", "0"]
 LONG = [*QUICK, "--max_steps", "1000", "--eval_steps", "100", "--warmup_steps", "50"]
 OLD_DEFAULT = {"compression_topk": 4, "compression_chunk": 64}  # the first release: 4 of 64 x 64 = 1/1024
-V2 = {"momentum": "ema", "compression_feedback": 0.2}  # DeMo's second version (arXiv 2411.19870v2)
+V2 = {"momentum": "ema", "compression_feedback": 0.2, "update": "sign"}  # DeMo's second version (arXiv 2411.19870v2)
+RULE = {"update": "rmsprop"}  # the update rule the long runs picked (grid "levers")
 TRAINING_KNOBS = ("adam_beta1",)  # TrainingArguments fields: convergence.py flags, not FlexDeMoConfig fields
 
 
@@ -44,16 +45,16 @@ GRIDS: dict[str, dict[str, Any]] = {
         "argv": QUICK,
         "runs": [
             _run("adamw", 3e-3),
-            *(_run("flexdemo", 3e-3, compression_rate=rate, compression_chunk=8) for rate in (1 / 8, 1 / 16, 1 / 4)),
-            _run("flexdemo", 3e-3, compression_rate=1 / 8, compression_chunk=8, replicator="random"),
-            _run("flexdemo", 3e-3, compression_rate=1 / 32, compression_chunk=8),
-            _run("flexdemo", 1e-2, **OLD_DEFAULT),
-            _run("demo", 3e-3, compression_rate=1 / 8, compression_chunk=8),
-            _run("flexdemo", 3e-3, compression_rate=1 / 16, compression_chunk=64),
-            _run("flexdemo", 1e-3, compression_rate=1 / 8, compression_chunk=8),
-            _run("flexdemo", 1e-2, compression_rate=1 / 8, compression_chunk=8),
-            _run("flexdemo", 3e-3, compression_rate=1 / 16, compression_chunk=8, replicator="random"),
-            _run("demo", 3e-3, compression_rate=1 / 16, compression_chunk=8),
+            *(_run("flexdemo", 3e-3, compression_rate=rate, compression_chunk=8, **RULE) for rate in (1 / 8, 1 / 16)),
+            _run("flexdemo", 3e-3, compression_rate=1 / 8, compression_chunk=8, replicator="random", **RULE),
+            _run("flexdemo", 3e-3, compression_rate=1 / 8, compression_chunk=8, update="sign"),
+            _run("flexdemo", 1e-2, **OLD_DEFAULT, update="sign"),
+            _run("demo", 3e-3, compression_rate=1 / 8, compression_chunk=8, **RULE),
+            *(_run("flexdemo", 3e-3, compression_rate=rate, compression_chunk=8, **RULE) for rate in (1 / 4, 1 / 32)),
+            _run("flexdemo", 3e-3, compression_rate=1 / 16, compression_chunk=64, **RULE),
+            *(_run("flexdemo", lr, compression_rate=1 / 8, compression_chunk=8, **RULE) for lr in (1e-3, 1e-2)),
+            _run("flexdemo", 3e-3, compression_rate=1 / 16, compression_chunk=8, replicator="random", **RULE),
+            _run("demo", 3e-3, compression_rate=1 / 16, compression_chunk=8, **RULE),
         ],
     },
     "levers": {
@@ -61,10 +62,11 @@ GRIDS: dict[str, dict[str, Any]] = {
         "runs": [
             _run("adamw", 3e-3),
             _run("flexdemo", 3e-3, compression_rate=1 / 8, compression_chunk=8, **V2),
+            # update="adamw" with beta1 = 0 is update="rmsprop" (the same code path)
             _run("flexdemo", 3e-3, compression_rate=1 / 8, compression_chunk=8, update="adamw", adam_beta1=0.0),
             _run("flexdemo", 3e-3, compression_rate=1 / 8, compression_chunk=8, update="adamw"),
-            _run("flexdemo", 3e-3, compression_rate=1 / 8, compression_chunk=8),  # DeMo v1 rule at 1/8
-            _run("flexdemo", 3e-3, compression_rate=1 / 8, compression_chunk=8, momentum="ema"),
+            _run("flexdemo", 3e-3, compression_rate=1 / 8, compression_chunk=8, update="sign"),  # DeMo's rule at 1/8
+            _run("flexdemo", 3e-3, compression_rate=1 / 8, compression_chunk=8, momentum="ema", update="sign"),
         ],
     },
 }

@@ -43,7 +43,7 @@ class FlexDeMoConfig:
     momentum: Momentum = field(
         default="lr", metadata={"help": "A gradient enters the momentum as lr * g (lr) or (1 - decay) * g (ema)."}
     )
-    update: Update = field(default="sign", metadata={"help": "Update rule."})
+    update: Update = field(default="rmsprop", metadata={"help": "Update rule."})
     replicator: Replicator = field(default="demo", metadata={"help": "Cross-node exchange."})
     value_dtype: ValueDtype = field(default="bfloat16", metadata={"help": "Wire type of coefficients."})
     replicator_seed: int = field(default=0, metadata={"help": "Seed of replicator='random''s shared positions."})

@@ -10,7 +10,9 @@ Per step and per parameter shard (``g`` already averaged over the node by FSDP):
    values (``"demo"``) or an all-reduce of the values alone (``"random"``)
 5. ``Q`` = mean-over-choosers decode of all replicas' payloads (bit-identical on every replica)
 6. decoupled weight decay and the update: ``p <- p - lr * sign(Q)`` (``"sign"``), SGD on ``Q``
-   (``"sgd"``) or AdamW fed with ``Q`` as its gradient (``"adamw"``)
+   (``"sgd"``), AdamW fed with ``Q`` as its gradient (``"adamw"``), or AdamW without its first moment
+   (``"rmsprop"``: ``Q`` is already averaged by error feedback; the second moment gives every coordinate
+   its own step size, which a sign update lacks)
 
 ``replicator="full"`` replaces 2-5 by a dense average of ``delta`` (which is then spent entirely);
 ``"none"`` keeps everything local (a single node). Parameters may be FSDP2 ``DTensor`` shards or
@@ -42,7 +44,7 @@ from .dct import BlockLayout
 from .guards import DriftAction, NonfiniteAction
 from .replicate import CommStats, ReplicateGroup, dense_allreduce_bytes, pack, unpack
 
-Update = Literal["sign", "sgd", "adamw"]
+Update = Literal["sign", "sgd", "adamw", "rmsprop"]
 Replicator = Literal["demo", "random", "full", "none"]
 ValueDtype = Literal["bfloat16", "float32"]
 Momentum = Literal["lr", "ema"]
@@ -161,7 +163,7 @@ class FlexDeMo(Optimizer):
             removes from the momentum (1: DeMo; DeMo's second version uses less).
         momentum: how a gradient enters the momentum: ``"lr"`` adds ``lr * g`` (DeMo), ``"ema"`` adds
             ``(1 - beta) * g`` (the update then carries ``lr``).
-        update: ``"sign"`` (DeMo), ``"sgd"`` or ``"adamw"``.
+        update: ``"sign"`` (DeMo), ``"sgd"``, ``"adamw"`` or ``"rmsprop"`` (AdamW with ``beta1 = 0``).
         replicator: ``"demo"`` (DCT top-k, all-gather), ``"random"`` (shared random positions, all-reduce of
             the values), ``"full"`` (dense average) or ``"none"`` (no exchange).
         weight_decay: decoupled weight decay.
@@ -186,7 +188,7 @@ class FlexDeMo(Optimizer):
         compression_decay: float = 0.999,
         compression_feedback: float = 1.0,
         momentum: Momentum = "lr",
-        update: Update = "sign",
+        update: Update = "rmsprop",
         replicator: Replicator = "demo",
         weight_decay: float = 0.0,
         value_dtype: ValueDtype = "bfloat16",
@@ -310,7 +312,7 @@ class FlexDeMo(Optimizer):
                 if not state:
                     state["step"] = torch.zeros((), dtype=torch.float32)  # on the CPU, as torch's AdamW keeps it
                     state["delta"] = torch.zeros_like(param, dtype=torch.float32)
-                    if group["update"] == "adamw":
+                    if group["update"] in ("adamw", "rmsprop"):
                         state["exp_avg"] = torch.zeros_like(param)
                         state["exp_avg_sq"] = torch.zeros_like(param)
                 if not param.numel():
@@ -432,13 +434,14 @@ class FlexDeMo(Optimizer):
         # Q carries lr with momentum="lr": the gradient it estimates is Q / lr.
         to_gradient = (1.0 / lr if lr > 0 else 0.0) if group["momentum"] == "lr" else 1.0
         rows = list(q.unbind(0))
-        if group["update"] == "adamw":
+        if group["update"] in ("adamw", "rmsprop"):
             grads = [(row * to_gradient).to(p.dtype) for row, p in zip(rows, bucket.params)]
+            beta1 = 0.0 if group["update"] == "rmsprop" else group["betas"][0]
             adamw(
                 bucket.params, grads,
                 [s["exp_avg"] for s in bucket.states], [s["exp_avg_sq"] for s in bucket.states], [],
                 [s["step"] for s in bucket.states],
-                amsgrad=False, beta1=group["betas"][0], beta2=group["betas"][1], lr=lr,
+                amsgrad=False, beta1=beta1, beta2=group["betas"][1], lr=lr,
                 weight_decay=weight_decay, eps=group["eps"], maximize=False,
             )
             return

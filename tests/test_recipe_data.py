@@ -68,7 +68,7 @@ ARTICLES = [
 def test_builtin_job_defaults() -> None:
     model_args, data_args, training_args, flexdemo = parse("translation")
     assert data_args.uses_number_words and flexdemo.method == "flexdemo"
-    assert (training_args.max_steps, training_args.learning_rate) == (600, 3e-3)
+    assert (training_args.max_steps, training_args.learning_rate) == (600, 1e-3)  # the default update: rmsprop
     assert training_args.do_train and training_args.do_eval and training_args.predict_with_generate
     assert training_args.output_dir == "outputs/t5_translation"
     assert training_args.average_tokens_across_devices is False
@@ -84,7 +84,8 @@ def test_user_values_win_over_recipe_defaults() -> None:
 
 
 @pytest.mark.parametrize(
-    ("argv", "lr"), [(["--method", "adamw"], 3e-3), (["--update", "sgd"], 1.0), (["--update", "adamw"], 1e-3)]
+    ("argv", "lr"), [(["--method", "adamw"], 3e-3), (["--update", "sgd"], 1.0), (["--update", "adamw"], 1e-3),
+                     (["--update", "sign"], 3e-3)]
 )
 def test_builtin_learning_rate_follows_the_update_rule(argv: list[str], lr: float) -> None:
     assert parse("translation", *argv)[2].learning_rate == lr

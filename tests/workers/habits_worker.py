@@ -38,8 +38,12 @@ def full(t: torch.Tensor) -> torch.Tensor:
 
 
 @contextlib.contextmanager
-def observed(log: dict[str, list]) -> Iterator[None]:
-    """Record every collective (name, global ranks of its group) and every host sync while inside."""
+def observed(log: dict[str, list], host_resident: set[int]) -> Iterator[None]:
+    """Record every collective (name, global ranks of its group) and every host sync while inside.
+
+    ``host_resident``: ids of tensors that live on the CPU by design on any machine (the ``step`` counters,
+    which torch's AdamW keeps on the host and reads with ``.item()``); reading them is not a device sync.
+    """
     saved = {}
     for name in COLLECTIVES:
         original = saved[name] = getattr(dist, name)
@@ -54,7 +58,8 @@ def observed(log: dict[str, list]) -> Iterator[None]:
         original = saved["Tensor." + name] = getattr(torch.Tensor, name)
 
         def sync(self, *args, __name=name, __original=original, **kwargs):
-            log["syncs"].append(__name)
+            if id(self) not in host_resident:
+                log["syncs"].append(__name)
             return __original(self, *args, **kwargs)
 
         setattr(torch.Tensor, name, sync)
@@ -75,7 +80,7 @@ def train(model: nn.Module, opt: FlexDeMo, steps: range, logs: list | None = Non
             opt.step()
         else:
             log = {"collectives": [], "syncs": []}
-            with observed(log):
+            with observed(log, {id(state["step"]) for state in opt.state.values()}):
                 opt.step()
             logs.append(log)
         opt.zero_grad()

@@ -191,7 +191,7 @@ def case_detonation(args) -> dict:
     lr, topk, chunk = 1e-3, 4, 8
     ours, theirs = tiny_t5(), tiny_t5()
     opt = FlexDeMo(ours.parameters(), lr=lr, replicate_group=pair, compression_topk=topk, compression_chunk=chunk,
-                   value_dtype="float32")
+                   value_dtype="float32", update="sign")  # DeToSGD's rule
     reference = de_to_sgd(list(theirs.parameters()), lr=lr, replicator=demo_replicator(
         compression_topk=topk, compression_chunk=chunk), sharding_parallel_group=single,
         replication_parallel_group=pair)
