@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 
-.PHONY: setup demo test unit lint bench-quick clean
+.PHONY: setup demo test unit lint bench-quick bench-defaults clean
 
 setup:
 	$(PIP) install -q torch==2.13.0
@@ -24,8 +24,15 @@ lint:
 
 bench-quick:
 	$(PYTHON) benchmarks/optimizer_step.py
+	$(PYTHON) benchmarks/replicator_bytes.py
 	$(PYTHON) benchmarks/bandwidth.py --quick
 	$(PYTHON) benchmarks/convergence.py --quick
+	$(PYTHON) benchmarks/time_to_target.py --links 25 200
+
+# The sweeps the package defaults come from (hours on 2 cores; each resumes where it stopped).
+bench-defaults:
+	$(PYTHON) benchmarks/sweep.py density
+	$(PYTHON) benchmarks/sweep.py levers
 
 clean:
 	rm -rf outputs build *.egg-info .pytest_cache .ruff_cache

@@ -152,6 +152,7 @@ def measure(method: str, args: argparse.Namespace) -> dict[str, Any]:
         stats = optimizer.comm_stats
         sent = {key: stats[key] for key in ("bytes_sent", "collectives", "coefficients")}
         sent["peers"] = NPROC - 1 if method == "flexdemo" else 0
+        sent["flag_bytes"] = 1  # the non-finite flag rides in the payload: not a coefficient's bytes
     elif method == "reference":
         sent["replicator_data_transmitted_per_peer"] = replicator.data_transmitted[0]
     numel = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in params)
@@ -177,7 +178,7 @@ def summarize(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
     seconds = [max(ranks) for ranks in zip(*(r["seconds"] for r in per_rank))]
     q1, median, q3 = statistics.quantiles(seconds, n=4, method="inclusive")
     traffic = per_rank[0]["traffic"]
-    payload = traffic["bytes_sent"] / traffic["peers"] if traffic["peers"] else None
+    payload = traffic["bytes_sent"] / traffic["peers"] - traffic.get("flag_bytes", 0) if traffic["peers"] else None
     return {
         "median_s": median,
         "iqr_s": q3 - q1,

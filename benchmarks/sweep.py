@@ -45,12 +45,12 @@ GRIDS: dict[str, dict[str, Any]] = {
         "argv": QUICK,
         "runs": [
             _run("adamw", 3e-3),
-            *(_run("flexdemo", 3e-3, compression_rate=rate, compression_chunk=8, **RULE) for rate in (1 / 8, 1 / 16)),
+            *(_run("flexdemo", 3e-3, compression_rate=rate, compression_chunk=8, **RULE)
+              for rate in (1 / 8, 1 / 16, 1 / 4, 1 / 32)),
+            _run("flexdemo", 1e-2, **OLD_DEFAULT, update="sign"),
             _run("flexdemo", 3e-3, compression_rate=1 / 8, compression_chunk=8, replicator="random", **RULE),
             _run("flexdemo", 3e-3, compression_rate=1 / 8, compression_chunk=8, update="sign"),
-            _run("flexdemo", 1e-2, **OLD_DEFAULT, update="sign"),
             _run("demo", 3e-3, compression_rate=1 / 8, compression_chunk=8, **RULE),
-            *(_run("flexdemo", 3e-3, compression_rate=rate, compression_chunk=8, **RULE) for rate in (1 / 4, 1 / 32)),
             _run("flexdemo", 3e-3, compression_rate=1 / 16, compression_chunk=64, **RULE),
             *(_run("flexdemo", lr, compression_rate=1 / 8, compression_chunk=8, **RULE) for lr in (1e-3, 1e-2)),
             _run("flexdemo", 3e-3, compression_rate=1 / 16, compression_chunk=8, replicator="random", **RULE),
@@ -67,6 +67,8 @@ GRIDS: dict[str, dict[str, Any]] = {
             _run("flexdemo", 3e-3, compression_rate=1 / 8, compression_chunk=8, update="adamw"),
             _run("flexdemo", 3e-3, compression_rate=1 / 8, compression_chunk=8, update="sign"),  # DeMo's rule at 1/8
             _run("flexdemo", 3e-3, compression_rate=1 / 8, compression_chunk=8, momentum="ema", update="sign"),
+            # probe: the same rule without compression (the momentum averaged densely and spent every step)
+            _run("flexdemo", 3e-3, replicator="full", **RULE),
         ],
     },
 }
@@ -138,7 +140,9 @@ def main() -> None:
     out = args.out or HERE / "results" / f"sweep_{args.grid}.json"
     report = json.loads(out.read_text()) if out.exists() and not args.rerun else {"runs": {}}
     settings = convergence.parse_args(grid["argv"])
-    report.update(command=shlex.join(sys.orig_argv), grid=args.grid, convergence_argv=grid["argv"],
+    report.setdefault("commands", []).append(shlex.join(sys.orig_argv))  # every invocation that added to the file
+    report.pop("command", None)
+    report.update(grid=args.grid, convergence_argv=grid["argv"],
                   settings=convergence.settings(settings), machine=describe_machine())
     report.setdefault("started_at", datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
     wanted = [r for r in grid["runs"] if not args.only or run_key(r) in args.only]

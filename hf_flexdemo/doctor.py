@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from .mesh import build_hybrid_mesh, default_device_type
+from .replicate import all_gather_into
 
 
 def _timed(fn, repeats: int) -> float:
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     payload = torch.zeros(int(args.megabytes * 2**20 / 4), device=device)
     out = payload.new_empty(payload.numel() * mesh["dp_replicate"].size())
     latency = _timed(lambda: dist.all_reduce(tiny, group=group), 10)
-    seconds = _timed(lambda: dist.all_gather_into_tensor(out, payload, group=group), 3)
+    seconds = _timed(lambda: all_gather_into(out, payload, group), 3)
     sent = (mesh["dp_replicate"].size() - 1) * payload.numel() * 4
     stats = torch.tensor([latency, seconds], dtype=torch.float64, device=device)
     dist.all_reduce(stats, op=dist.ReduceOp.MAX)

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .replicate import CommStats, explained
+from .replicate import CommStats, all_gather_into, explained
 
 NonfiniteAction = Literal["skip", "raise"]
 DriftAction = Literal["raise", "resync"]
@@ -61,7 +61,7 @@ def drifted(params: list[Tensor], group: dist.ProcessGroup, size: int, device: t
     local = local.to(device)
     gathered = local.new_empty(size * local.numel())
     with explained("all-gather of the parameter fingerprints", group):
-        dist.all_gather_into_tensor(gathered, local, group=group)
+        all_gather_into(gathered, local, group)
     gathered = gathered.view(size, -1).cpu()
     return (gathered != gathered[0]).any(dim=0).nonzero().flatten().tolist()
 

@@ -63,6 +63,12 @@ def dense_allreduce_bytes(numel: int, replicas: int, element_size: int = 4) -> i
     return 2 * (replicas - 1) * numel * element_size // replicas
 
 
+def all_gather_into(output: Tensor, tensor: Tensor, group: dist.ProcessGroup | None, async_op: bool = False):
+    """``all_gather_single`` where torch has it (it deprecates ``all_gather_into_tensor``), else the older name."""
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return gather(output, tensor, group=group, async_op=async_op)
+
+
 def exchange_bytes(
     replicator: str, local_shapes: list[tuple[int, ...]], replicas: int, *, rate: float | None, topk: int | None,
     chunk: int, value_bytes: int = 2,
@@ -152,7 +158,7 @@ class ReplicateGroup:
             return buffer.unsqueeze(0)
         gathered = buffer.new_empty(self.size * buffer.numel())
         with self.timer.measure(buffer.device), explained("all-gather of the momentum payload", self.group):
-            dist.all_gather_into_tensor(gathered, buffer, group=self.group, async_op=True).wait()
+            all_gather_into(gathered, buffer, self.group, async_op=True).wait()
         sent = (self.size - 1) * buffer.numel() * buffer.element_size()
         self._count(stats, sent, sent)
         return gathered.view(self.size, -1)

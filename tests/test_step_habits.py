@@ -19,6 +19,8 @@ CASES = [
     "empty_rank,replicator=random",
 ]
 NODES = ({0, 1}, {2, 3})  # 2 nodes x 2 processes, node-major
+# the payload all-gather's name: torch 2.13 deprecates all_gather_into_tensor for all_gather_single
+GATHER = "all_gather_single" if hasattr(torch.distributed, "all_gather_single") else "all_gather_into_tensor"
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +44,7 @@ def test_one_cross_node_collective_and_one_host_sync_per_step(suite, replicator,
         for log in result["logs"]:
             crossing = [c for c in log["collectives"] if _crosses_nodes(c[1])]
             local = [c for c in log["collectives"] if not _crosses_nodes(c[1])]
-            expected = "all_gather_into_tensor" if replicator == "demo" else "all_reduce"
+            expected = GATHER if replicator == "demo" else "all_reduce"
             assert [name for name, _ in crossing] == [expected], log["collectives"]
             assert len(crossing[0][1]) == 2 and rank in crossing[0][1]  # the replicate group only, never all ranks
             assert local == [("all_reduce", tuple(sorted(next(n for n in NODES if rank in n))))]  # the flag

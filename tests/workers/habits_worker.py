@@ -22,8 +22,8 @@ from torch.distributed.tensor import DTensor
 from hf_flexdemo import FlexDeMo, build_hybrid_mesh, shard_model
 from hf_flexdemo.mesh import init_process_group
 
-COLLECTIVES = ("all_reduce", "all_gather_into_tensor", "all_gather", "broadcast", "all_gather_object",
-               "reduce_scatter_tensor", "barrier", "all_to_all_single", "send", "recv")
+COLLECTIVES = ("all_reduce", "all_gather_single", "all_gather_into_tensor", "all_gather", "broadcast",
+               "all_gather_object", "reduce_scatter_tensor", "barrier", "all_to_all_single", "send", "recv")
 SYNCS = ("item", "tolist", "__bool__")
 
 
@@ -45,13 +45,21 @@ def observed(log: dict[str, list], host_resident: set[int]) -> Iterator[None]:
     which torch's AdamW keeps on the host and reads with ``.item()``); reading them is not a device sync.
     """
     saved = {}
+    depth = [0]  # a collective implemented through another (all_gather_single -> all_gather_into_tensor) counts once
     for name in COLLECTIVES:
+        if not hasattr(dist, name):
+            continue  # all_gather_single is new in recent torch
         original = saved[name] = getattr(dist, name)
 
         def collective(*args, __name=name, __original=original, **kwargs):
-            group = kwargs.get("group")
-            log["collectives"].append((__name, tuple(dist.get_process_group_ranks(group or dist.group.WORLD))))
-            return __original(*args, **kwargs)
+            if not depth[0]:
+                group = kwargs.get("group")
+                log["collectives"].append((__name, tuple(dist.get_process_group_ranks(group or dist.group.WORLD))))
+            depth[0] += 1
+            try:
+                return __original(*args, **kwargs)
+            finally:
+                depth[0] -= 1
 
         setattr(dist, name, collective)
     for name in SYNCS:
