@@ -27,6 +27,7 @@ from torch import nn
 from transformers import T5Config, T5ForConditionalGeneration
 
 from hf_flexdemo import FlexDeMo, build_hybrid_mesh, shard_model
+from hf_flexdemo.optimizer import DEFAULT_CHUNK
 from hf_flexdemo.replicate import dense_allreduce_bytes
 from hf_flexdemo.tiny_t5 import T5_VOCAB_SIZE, named_t5_config
 
@@ -90,7 +91,8 @@ def setup_adamw(model: nn.Module, args: argparse.Namespace) -> Setup:
 def setup_flexdemo(model: nn.Module, args: argparse.Namespace, method: str) -> Setup:
     """FlexDeMo as ``method`` asks: DeMo (no FSDP, every rank a node), FSDP inside the node with top-k or
     dense exchange across, or no exchange at all (the compute-only reference)."""
-    compression = {"compression_topk": args.compression_topk, "compression_chunk": args.compression_chunk}
+    compression = {"compression_rate": args.compression_rate, "compression_topk": args.compression_topk,
+                   "compression_chunk": args.compression_chunk}
     if method == "demo":
         optimizer = FlexDeMo(model.parameters(), lr=args.lr, replicate_group=dist.group.WORLD, **compression)
     else:
@@ -226,8 +228,9 @@ def parse_args() -> argparse.Namespace:
         parser.add_argument(option, type=int, required=True)
     parser.add_argument("--method-budget-s", type=float, required=True)
     parser.add_argument("--lr", type=float, default=1e-4)
-    parser.add_argument("--compression-topk", type=int, default=4)
-    parser.add_argument("--compression-chunk", type=int, default=64)
+    parser.add_argument("--compression-rate", type=float, default=None, help="default: the package's")
+    parser.add_argument("--compression-topk", type=int, default=None)
+    parser.add_argument("--compression-chunk", type=int, default=DEFAULT_CHUNK)
     parser.add_argument("--probe-mb", type=float, default=10.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--collective-timeout-s", type=float, default=1800.0)
