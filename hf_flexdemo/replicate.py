@@ -6,8 +6,8 @@ follow the ring algorithms gloo and NCCL use: an all-gather puts ``(R - 1) * pay
 each rank's link, an all-reduce ``2 * (R - 1) / R * buffer``.
 
 Timing: collectives are issued with ``async_op=True``. On CUDA a pair of events brackets each one on
-the current stream and is read only when :meth:`ReplicateGroup.pop_seconds` is called (at logging
-time), so timing adds no host sync to the step; on CPU (gloo) the host clock brackets issue and wait.
+the current stream and is read only when the optimizer's ``pop_exchange_seconds`` is called (at
+logging time), so timing adds no host sync to the step; on CPU (gloo) the host clock brackets issue and wait.
 """
 
 from __future__ import annotations
@@ -159,8 +159,7 @@ class ReplicateGroup:
         gathered = buffer.new_empty(self.size * buffer.numel())
         with self.timer.measure(buffer.device), explained("all-gather of the momentum payload", self.group):
             all_gather_into(gathered, buffer, self.group, async_op=True).wait()
-        sent = (self.size - 1) * buffer.numel() * buffer.element_size()
-        self._count(stats, sent, sent)
+        self._count(stats, (self.size - 1) * buffer.numel() * buffer.element_size())
         return gathered.view(self.size, -1)
 
     def all_reduce(self, buffer: Tensor, stats: CommStats) -> Tensor:
@@ -169,12 +168,12 @@ class ReplicateGroup:
             return buffer
         with self.timer.measure(buffer.device), explained("all-reduce of the momentum payload", self.group):
             dist.all_reduce(buffer, op=dist.ReduceOp.SUM, group=self.group, async_op=True).wait()
-        sent = dense_allreduce_bytes(buffer.numel(), self.size, buffer.element_size())
-        self._count(stats, sent, sent)
+        self._count(stats, dense_allreduce_bytes(buffer.numel(), self.size, buffer.element_size()))
         return buffer
 
     @staticmethod
-    def _count(stats: CommStats, sent: int, received: int) -> None:
+    def _count(stats: CommStats, sent: int) -> None:
+        """One collective; ring algorithms receive as many bytes as they send."""
         stats.collectives += 1
         stats.bytes_sent += sent
-        stats.bytes_received += received
+        stats.bytes_received += sent

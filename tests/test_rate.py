@@ -17,7 +17,8 @@ def _t5_small_shapes() -> list[tuple[int, ...]]:
     return [tuple(p.shape) for p in model.parameters()]
 
 
-def _density(shapes: list[tuple[int, ...]], shard_size: int, rate: float, chunk: int) -> float:
+def _density(shapes: list[tuple[int, ...]], shard_size: int, chunk: int, rate: float | None = None,
+             topk: int | None = None) -> float:
     """kept / total over every rank's FSDP2 shard (``torch.chunk`` along dim 0, as fully_shard splits)."""
     kept = total = 0
     for shape in shapes:
@@ -25,7 +26,7 @@ def _density(shapes: list[tuple[int, ...]], shard_size: int, rate: float, chunk:
             if not piece.numel():
                 continue
             layout = BlockLayout.for_shape(tuple(piece.shape), chunk)
-            kept += layout.num_blocks * kept_per_block(layout.block_numel, rate, None)
+            kept += layout.num_blocks * kept_per_block(layout.block_numel, rate, topk)
             total += piece.numel()
     return kept / total
 
@@ -34,23 +35,14 @@ def _density(shapes: list[tuple[int, ...]], shard_size: int, rate: float, chunk:
 def test_density_equals_rate_at_any_shard_size(rate):
     shapes = _t5_small_shapes()
     for shard_size in (1, 2, 4, 8):
-        density = _density(shapes, shard_size, rate, DEFAULT_CHUNK)
+        density = _density(shapes, shard_size, DEFAULT_CHUNK, rate=rate)
         assert density == pytest.approx(rate, rel=0.01), (shard_size, density)
 
 
 def test_fixed_topk_density_moves_with_the_shard_size():
     """Why the rate exists: DeMo's fixed top-k per 64 x 64 block changes density with the shard shape."""
     shapes = _t5_small_shapes()
-    densities = []
-    for shard_size in (2, 8):
-        kept = total = 0
-        for shape in shapes:
-            piece = torch.empty(shape, device="meta").chunk(shard_size, dim=0)[0]
-            layout = BlockLayout.for_shape(tuple(piece.shape), 64)
-            kept += layout.num_blocks * kept_per_block(layout.block_numel, None, 4)
-            total += piece.numel()
-        densities.append(kept / total)
-    assert densities[1] > 1.2 * densities[0]
+    assert _density(shapes, 8, 64, topk=4) > 1.2 * _density(shapes, 2, 64, topk=4)
 
 
 def test_rate_and_topk_together_are_refused():
