@@ -33,6 +33,7 @@ bench-quick:
 bench-defaults:
 	$(PYTHON) benchmarks/sweep.py density
 	$(PYTHON) benchmarks/sweep.py levers
+	$(PYTHON) benchmarks/sweep.py overlap
 
 clean:
 	rm -rf outputs build *.egg-info .pytest_cache .ruff_cache

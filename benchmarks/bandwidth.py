@@ -1,5 +1,11 @@
 """Bandwidth benchmark: step time and inter-node traffic of HSDP+AdamW, DeMo and FlexDeMo on an emulated link.
 
+FlexDeMo runs as the package defaults (``flexdemo``), with its exchange overlapped with backward
+(``flexdemo_backward``), applied one step late (``flexdemo_delayed``), with random positions
+(``flexdemo_random``), under a time budget (``flexdemo_budget``) and dense (``flexdemo_full``). The JSON's
+``targets`` hold, per variant, the step time against FSDP with no exchange at 10 Mbit/s and AdamW-HSDP's step
+time against the variant's at 100 Mbit/s, with whether each goal is met.
+
 Two "nodes" of two CPU ranks each run in two network namespaces joined by a rate-limited veth pair
 (``emulated_link.py``; needs root and iproute2). For every link setting the driver launches one
 ``torchrun`` per node inside its namespace (static rendezvous on node 0's veth address, gloo bound to the
@@ -28,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bandwidth_worker import METHODS, MODEL_SHAPES, NODES, RANKS_PER_NODE, model_config
+from bandwidth_worker import DEFAULT_METHODS, METHODS, MODEL_SHAPES, NODES, RANKS_PER_NODE, model_config
 from emulated_link import EmulatedLink
 from machine import describe_machine
 
@@ -37,14 +43,22 @@ REPO = HERE.parent
 MASTER_PORT = 29500
 PRESETS = {
     "quick": {
-        "model": "t5-tiny", "batch_size": 4, "src_len": 32, "tgt_len": 32, "warmup_steps": 2, "steps": 15,
-        "method_budget_s": 20.0, "links": [10.0, 100.0, 1000.0, None], "launch_timeout_s": 300.0,
+        "model": "t5-tiny", "batch_size": 4, "src_len": 32, "tgt_len": 32, "warmup_steps": 2, "steps": 20,
+        # 9 methods on 3 links: about 6-7 min on 2 cores (more when other jobs share them); add 1000 with --links
+        "method_budget_s": 20.0, "links": [10.0, 100.0, None], "launch_timeout_s": 480.0,
+        "bucket_cap_mb": 0.25,  # t5-tiny's ~2.9 MB of local shards: about 12 buckets for flexdemo_backward
     },
     "full": {
         "model": "t5-small", "batch_size": 8, "src_len": 64, "tgt_len": 64, "warmup_steps": 2, "steps": 10,
         "method_budget_s": 300.0, "links": [10.0, 100.0, 1000.0, None], "launch_timeout_s": 3600.0,
+        "bucket_cap_mb": None,  # the package's (25 MB): T5-small's ~121 MB of local shards in about 5 buckets
     },
 }
+# The goals the benchmark reports against (issue: overlap and budget). Per FlexDeMo variant:
+# step / compute_only at OVERHEAD_LINK (goal met by the best variant when <= OVERHEAD_GOAL) and
+# adamw step / variant step at SPEEDUP_LINK (>= SPEEDUP_GOAL).
+OVERHEAD_LINK, OVERHEAD_GOAL = 10.0, 1.15
+SPEEDUP_LINK, SPEEDUP_GOAL = 100.0, 5.0
 
 
 def link_rate(text: str) -> float | None:
@@ -71,7 +85,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="small model and budget (minutes on 2 cores)")
     parser.add_argument("--links", nargs="+", type=link_rate, help="Mbit/s values or 'unlimited'")
     parser.add_argument("--latency-ms", type=float, default=0.0, help="one-way netem delay on each end")
-    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(DEFAULT_METHODS),
+                        help="default: all but flexdemo_budget_delayed")
     parser.add_argument("--model", choices=sorted(MODEL_SHAPES))
     parser.add_argument("--batch-size", type=int, help="sequences per rank per step")
     parser.add_argument("--src-len", type=int)
@@ -81,6 +96,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--method-budget-s", type=float, help="timed seconds per method and link, planned "
                         "from the last warm-up step; the steps actually timed are recorded")
     parser.add_argument("--launch-timeout-s", type=float, help="kill a link's run after this many seconds")
+    parser.add_argument("--bucket-cap-mb", type=float, help="flexdemo_backward's exchange bucket size "
+                        "(quick: 0.25; full: the package's 25)")
+    parser.add_argument("--budget-fraction", type=float, default=0.1,
+                        help="flexdemo_budget: the fraction of the step it may wait on the exchange")
     parser.add_argument("--out", type=Path, help="default: benchmarks/results/bandwidth[_quick].json")
     args = parser.parse_args()
     for key, value in PRESETS["quick" if args.quick else "full"].items():
@@ -104,6 +123,8 @@ def worker_command(args: argparse.Namespace, link: EmulatedLink, node: int, out:
         "--batch-size", str(args.batch_size), "--src-len", str(args.src_len), "--tgt-len", str(args.tgt_len),
         "--warmup-steps", str(args.warmup_steps), "--steps", str(args.steps),
         "--method-budget-s", str(args.method_budget_s), "--iface", link.interfaces[node], "--out", str(out),
+        "--budget-fraction", str(args.budget_fraction),
+        *(["--bucket-cap-mb", str(args.bucket_cap_mb)] if args.bucket_cap_mb is not None else []),
     ]
     return link.command(node, [*torchrun, *worker])
 
@@ -180,6 +201,7 @@ def rows(args: argparse.Namespace, runs: list[dict[str, object]]) -> list[dict[s
                 continue
             step = result["median_step_seconds"]
             reported = result["reported_bytes_per_step"]
+            wait = result.get("median_exchange_wait_seconds")
             table.append({
                 **row,
                 "median_step_seconds": step,
@@ -190,8 +212,70 @@ def rows(args: argparse.Namespace, runs: list[dict[str, object]]) -> list[dict[s
                 "step_over_compute_only": step / reference if reference else None,
                 "steps_timed": result["steps_timed"],
                 "steps_requested": result["steps_requested"],
+                # FlexDeMo only (None otherwise): rank 0's median wait for inter-node collectives per step,
+                # that wait over the median step, collectives per step, and the rate (a budget's final and mean)
+                "median_exchange_wait_seconds": wait,
+                "exchange_wait_over_step": None if wait is None else wait / step,
+                "collectives_per_step": result.get("collectives_per_step"),
+                "rate_final": result.get("rate_final"),
+                "rate_mean": result.get("rate_mean"),
             })
     return table
+
+
+def is_flexdemo_variant(method: str) -> bool:
+    """FlexDeMo with FSDP inside the node and an exchange across (``flexdemo``, ``flexdemo_*``); ``demo`` (no
+    FSDP) and ``compute_only`` (no exchange) are references."""
+    return method == "flexdemo" or method.startswith("flexdemo_")
+
+
+def targets(table: list[dict[str, object]]) -> dict[str, object]:
+    """Per FlexDeMo variant: step / compute_only at 10 Mbit/s and adamw step / step at 100 Mbit/s, each with
+    whether its goal is met; ``best`` is the variant closest to the goal (the goal counts as met when it is)."""
+    steps = {(r["link_mbit"], r["method"]): r.get("median_step_seconds") for r in table}
+    variants = [m for m in dict.fromkeys(r["method"] for r in table) if is_flexdemo_variant(m)]
+
+    def target(link: float, goal: float, ratio, description: str, lower_is_better: bool) -> dict[str, object]:
+        per_variant: dict[str, dict[str, object]] = {}
+        for method in variants:
+            value, reason = ratio(link, method)
+            if value is None:
+                per_variant[method] = {"value": None, "met": None, "reason": reason}
+            else:
+                per_variant[method] = {"value": value, "met": value <= goal if lower_is_better else value >= goal}
+        measured = {m: v["value"] for m, v in per_variant.items() if v["value"] is not None}
+        best = (min if lower_is_better else max)(measured, key=measured.get) if measured else None
+        return {
+            "description": description, "link_mbit": link, "goal": f"{'<=' if lower_is_better else '>='} {goal:g}",
+            "variants": per_variant,
+            "best": None if best is None else {"method": best, "value": measured[best],
+                                                "met": per_variant[best]["met"]},
+        }
+
+    def overhead(link: float, method: str) -> tuple[float | None, str | None]:
+        step, reference = steps.get((link, method)), steps.get((link, "compute_only"))
+        if (link, method) not in steps or (link, "compute_only") not in steps:
+            return None, f"{method} or compute_only not run at {link_label(link)}"
+        if step is None or reference is None:
+            return None, f"{method} or compute_only failed at {link_label(link)}"
+        return step / reference, None
+
+    def speedup(link: float, method: str) -> tuple[float | None, str | None]:
+        step, adamw = steps.get((link, method)), steps.get((link, "adamw"))
+        if (link, method) not in steps or (link, "adamw") not in steps:
+            return None, f"{method} or adamw not run at {link_label(link)}"
+        if step is None or adamw is None:
+            return None, f"{method} or adamw failed at {link_label(link)}"
+        return adamw / step, None
+
+    return {
+        "step_over_compute_only": target(
+            OVERHEAD_LINK, OVERHEAD_GOAL, overhead,
+            "median step / compute_only's median step (FSDP + FlexDeMo, no exchange), same link", True),
+        "adamw_over_step": target(
+            SPEEDUP_LINK, SPEEDUP_GOAL, speedup, "adamw (HSDP) median step / the variant's median step, same link",
+            False),
+    }
 
 
 def plot(table: list[dict[str, object]], path: Path) -> None:
@@ -203,14 +287,17 @@ def plot(table: list[dict[str, object]], path: Path) -> None:
 
     finite = sorted({r["link_mbit"] for r in table if r["link_mbit"] is not None}) or [1000.0]
     unlimited_x = finite[-1] * 10
-    figure, axes = plt.subplots(figsize=(7, 4.5))
-    for method in dict.fromkeys(r["method"] for r in table):
+    figure, axes = plt.subplots(figsize=(8, 5))
+    markers = "os^vD<>Ph*X"
+    for index, method in enumerate(dict.fromkeys(r["method"] for r in table)):
         points = sorted(
             (unlimited_x if r["link_mbit"] is None else r["link_mbit"], r["median_step_seconds"])
             for r in table if r["method"] == method and "median_step_seconds" in r
         )
         if points:
-            axes.plot(*zip(*points, strict=True), marker="o", label=method)
+            style = "-" if is_flexdemo_variant(method) else "--"
+            axes.plot(*zip(*points, strict=True), marker=markers[index % len(markers)], linestyle=style,
+                      label=method)
     ticks = [*finite, unlimited_x]
     axes.set_xscale("log")
     axes.set_yscale("log")
@@ -219,7 +306,7 @@ def plot(table: list[dict[str, object]], path: Path) -> None:
     axes.set_ylabel("median step time (s)")
     axes.set_title("Step time vs inter-node bandwidth (2 nodes x 2 CPU ranks)")
     axes.grid(True, which="both", alpha=0.3)
-    axes.legend()
+    axes.legend(fontsize="small", ncols=2)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
@@ -228,7 +315,7 @@ def plot(table: list[dict[str, object]], path: Path) -> None:
 def print_table(table: list[dict[str, object]]) -> None:
     """The rows as a Markdown table on stdout."""
     columns = ["link", "method", "median step s", "tokens/s", "link B/step", "reported B/step",
-               "link/reported", "step/compute-only", "steps"]
+               "link/reported", "step/compute-only", "wait/step", "rate (final, mean)", "steps"]
     print("| " + " | ".join(columns) + " |")
     print("|" + "---|" * len(columns))
     for r in table:
@@ -236,14 +323,31 @@ def print_table(table: list[dict[str, object]]) -> None:
         if "error" in r:
             cells.append(f"error: {r['error']}")
         else:
-            ratio, overhead = r["link_over_reported"], r["step_over_compute_only"]
+            ratio, overhead, wait = r["link_over_reported"], r["step_over_compute_only"], r["exchange_wait_over_step"]
+            rate = "-" if r["rate_final"] is None else f"1/{1 / r['rate_final']:.3g}, 1/{1 / r['rate_mean']:.3g}"
             cells += [
                 f"{r['median_step_seconds']:.3f}", f"{r['tokens_per_second']:.0f}",
                 f"{r['link_bytes_per_step']:.4g}", f"{r['reported_bytes_per_step']:.4g}",
                 "-" if ratio is None else f"{ratio:.2f}", "-" if overhead is None else f"{overhead:.2f}",
-                f"{r['steps_timed']}/{r['steps_requested']}",
+                "-" if wait is None else f"{wait:.2f}", rate, f"{r['steps_timed']}/{r['steps_requested']}",
             ]
         print("| " + " | ".join(cells) + " |")
+
+
+def print_targets(goals: dict[str, object]) -> None:
+    """Each target per variant: value and whether the goal is met, then the best variant."""
+    for name, target in goals.items():
+        print(f"[bandwidth] target {name} at {link_label(target['link_mbit'])} (goal {target['goal']}): "
+              f"{target['description']}")
+        for method, entry in target["variants"].items():
+            if entry["value"] is None:
+                print(f"[bandwidth]   {method}: - ({entry['reason']})")
+            else:
+                print(f"[bandwidth]   {method}: {entry['value']:.2f} {'met' if entry['met'] else 'not met'}")
+        best = target["best"]
+        if best is not None:
+            print(f"[bandwidth]   best: {best['method']} {best['value']:.2f} "
+                  f"-> goal {'met' if best['met'] else 'not met'}")
 
 
 def print_probe(probe: dict[str, float]) -> None:
@@ -285,11 +389,13 @@ def main() -> None:
         "model_shape": model_config(args.model).to_diff_dict(),
         "tokens_per_step": tokens_per_step(args),
         "rows": table,
+        "targets": targets(table),
         "runs": runs,
     }
     args.out.write_text(json.dumps(report, indent=2))
     plot(table, args.out.with_suffix(".png"))
     print_table(table)
+    print_targets(report["targets"])
     print(f"[bandwidth] wrote {args.out} and {args.out.with_suffix('.png')} "
           f"in {report['duration_seconds']:.0f} s", flush=True)
 

@@ -1,9 +1,11 @@
 """One rank of the bandwidth benchmark (launched by ``bandwidth.py`` with ``torchrun``, 2 nodes x 2 ranks).
 
 Probes the link with a plain gloo all-reduce, then trains the same T5 on random tokens with each method in
-turn: warm-up steps, then timed steps. Global rank 0 sits on node 0 and reads node 0's end of the veth
-pair, whose counters hold every byte that crossed between the nodes; it writes the results as JSON after
-every method, so a run cut short keeps what it measured.
+turn: warm-up steps, then timed steps. FlexDeMo methods also record, per timed step, the seconds the step
+waited for its inter-node collectives (``pop_exchange_seconds``), the collectives issued and the rate in use.
+Global rank 0 sits on node 0 and reads node 0's end of the veth pair, whose counters hold every byte that
+crossed between the nodes; it writes the results as JSON after every method, so a run cut short keeps what
+it measured.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import statistics
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import torch
@@ -27,11 +29,12 @@ from torch import nn
 from transformers import T5Config, T5ForConditionalGeneration
 
 from hf_flexdemo import FlexDeMo, build_hybrid_mesh, shard_model
-from hf_flexdemo.optimizer import DEFAULT_CHUNK
 from hf_flexdemo.replicate import dense_allreduce_bytes
 from hf_flexdemo.tiny_t5 import T5_VOCAB_SIZE, named_t5_config
 
-METHODS = ("adamw", "demo", "flexdemo", "flexdemo_full", "compute_only")
+METHODS = ("adamw", "demo", "flexdemo", "flexdemo_backward", "flexdemo_delayed", "flexdemo_random",
+           "flexdemo_budget", "flexdemo_full", "compute_only", "flexdemo_budget_delayed")
+DEFAULT_METHODS = METHODS[:-1]  # flexdemo_budget_delayed (time budget + overlap="delayed") on request only
 # --model -> (configuration name of hf_flexdemo.tiny_t5, where the published shapes are; vocabulary size)
 MODEL_SHAPES = {"t5-small": ("t5-small", T5_VOCAB_SIZE), "t5-tiny": ("tiny", 4096)}
 NODES = 2
@@ -51,6 +54,25 @@ class Setup:
     optimizer: torch.optim.Optimizer
     reported_bytes: Callable[[], float]
     source: str
+    options: dict[str, object] = field(default_factory=dict)  # FlexDeMo keywords beyond lr and the group
+
+
+def flexdemo_options(method: str, args: argparse.Namespace) -> dict[str, object]:
+    """The FlexDeMo keywords of ``method`` on top of the package defaults (and ``--compression-*``)."""
+    compression = {key: value for key, value in (
+        ("compression_rate", args.compression_rate), ("compression_topk", args.compression_topk),
+        ("compression_chunk", args.compression_chunk)) if value is not None}
+    variant: dict[str, object] = {
+        "flexdemo_backward": {"overlap": "backward"}
+        | ({} if args.bucket_cap_mb is None else {"bucket_cap_mb": args.bucket_cap_mb}),
+        "flexdemo_delayed": {"overlap": "delayed"},
+        "flexdemo_random": {"replicator": "random"},
+        "flexdemo_budget": {"budget_fraction": args.budget_fraction},
+        "flexdemo_budget_delayed": {"budget_fraction": args.budget_fraction, "overlap": "delayed"},
+        "flexdemo_full": {"replicator": "full"},
+        "compute_only": {"replicator": "none"},
+    }.get(method, {})
+    return compression | variant
 
 
 def build_model(shape: str, seed: int) -> nn.Module:
@@ -89,24 +111,21 @@ def setup_adamw(model: nn.Module, args: argparse.Namespace) -> Setup:
 
 
 def setup_flexdemo(model: nn.Module, args: argparse.Namespace, method: str) -> Setup:
-    """FlexDeMo as ``method`` asks: DeMo (no FSDP, every rank a node), FSDP inside the node with top-k or
-    dense exchange across, or no exchange at all (the compute-only reference)."""
-    compression = {"compression_rate": args.compression_rate, "compression_topk": args.compression_topk,
-                   "compression_chunk": args.compression_chunk}
+    """FlexDeMo as ``method`` asks: DeMo (no FSDP, every rank a node), FSDP inside the node with an exchange
+    across (top-k, overlapped with backward, delayed by one step, random positions, a time budget, dense),
+    or no exchange at all (the compute-only reference)."""
+    options = flexdemo_options(method, args)
     if method == "demo":
-        optimizer = FlexDeMo(model.parameters(), lr=args.lr, replicate_group=dist.group.WORLD, **compression)
+        group = dist.group.WORLD
     else:
         mesh = build_hybrid_mesh(shard_size=RANKS_PER_NODE)
         check_node_local(mesh["dp_shard"].get_group())
         shard_model(model, mesh)
-        if method == "compute_only":
-            exchange = {"replicate_group": None, "replicator": "none"}
-        else:
-            replicator = "full" if method == "flexdemo_full" else "demo"
-            exchange = {"replicate_group": mesh["dp_replicate"].get_group(), "replicator": replicator}
-        optimizer = FlexDeMo(model.parameters(), lr=args.lr, **compression, **exchange)
+        group = None if method == "compute_only" else mesh["dp_replicate"].get_group()
+    optimizer = FlexDeMo(model.parameters(), lr=args.lr, replicate_group=group, **options)
     return Setup(
-        model, optimizer, lambda: optimizer.comm_stats["bytes_sent"], "FlexDeMo.comm_stats['bytes_sent']"
+        model, optimizer, lambda: optimizer.comm_stats["bytes_sent"], "FlexDeMo.comm_stats['bytes_sent']",
+        options,
     )
 
 
@@ -170,14 +189,25 @@ def probe_link(args: argparse.Namespace) -> dict[str, float]:
 
 
 def timed_steps(setup: Setup, batches: list[dict[str, torch.Tensor]], steps: int) -> dict[str, list[float]]:
-    """Per step: seconds on this rank, loss, and the inter-node bytes the method reports for this rank."""
+    """Per step: seconds on this rank, loss, and the inter-node bytes the method reports for this rank; for
+    FlexDeMo also the seconds the step waited for inter-node collectives, their number, and the rate in use
+    (after the step: a time budget's choice for the next one)."""
     record: dict[str, list[float]] = {"seconds": [], "loss": [], "reported_bytes": []}
+    optimizer = setup.optimizer if isinstance(setup.optimizer, FlexDeMo) else None
+    if optimizer is not None:
+        record |= {"exchange_wait_seconds": [], "collectives": [], "rate": []}
+        optimizer.pop_exchange_seconds()  # drop what earlier steps left
     for step in range(steps):
         start = time.perf_counter()
         loss = train_step(setup, batches[step % len(batches)])
         record["seconds"].append(time.perf_counter() - start)
         record["loss"].append(loss)
         record["reported_bytes"].append(setup.reported_bytes())
+        if optimizer is not None:
+            record["exchange_wait_seconds"].append(optimizer.pop_exchange_seconds())
+            record["collectives"].append(optimizer.comm_stats["collectives"])
+            compresses = optimizer.param_groups[0]["replicator"] in ("demo", "random")  # "full", "none": no rate
+            record["rate"].append(optimizer.rate if compresses else None)
     return record
 
 
@@ -196,6 +226,18 @@ def run_method(method: str, args: argparse.Namespace) -> dict[str, object]:
     record, wall, link_bytes = measured(lambda: timed_steps(setup, batches, steps), args.iface)
     reported = torch.tensor([sum(record["reported_bytes"])], dtype=torch.float64)
     dist.all_reduce(reported)
+    extra: dict[str, object] = {}
+    if "exchange_wait_seconds" in record:
+        rates = [r for r in record["rate"] if r is not None]
+        extra = {
+            "optimizer_options": setup.options,
+            "exchange_wait_seconds": record["exchange_wait_seconds"],
+            "median_exchange_wait_seconds": statistics.median(record["exchange_wait_seconds"]),
+            "collectives_per_step": record["collectives"][-1],
+            "rates": record["rate"],
+            "rate_final": rates[-1] if rates else None,
+            "rate_mean": statistics.fmean(rates) if rates else None,
+        }
     return {
         "params": numel,
         "warmup_step_seconds": warmup,
@@ -209,6 +251,7 @@ def run_method(method: str, args: argparse.Namespace) -> dict[str, object]:
         "reported_bytes_source": setup.source,
         "loss_first": record["loss"][0],
         "loss_last": record["loss"][-1],
+        **extra,
     }
 
 
@@ -230,7 +273,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--compression-rate", type=float, default=None, help="default: the package's")
     parser.add_argument("--compression-topk", type=int, default=None)
-    parser.add_argument("--compression-chunk", type=int, default=DEFAULT_CHUNK)
+    parser.add_argument("--compression-chunk", type=int, default=None, help="default: the package's")
+    parser.add_argument("--bucket-cap-mb", type=float, default=None,
+                        help="flexdemo_backward's exchange bucket size (default: the package's)")
+    parser.add_argument("--budget-fraction", type=float, default=0.1,
+                        help="flexdemo_budget: the largest fraction of the step spent waiting on the exchange")
     parser.add_argument("--probe-mb", type=float, default=10.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--collective-timeout-s", type=float, default=1800.0)

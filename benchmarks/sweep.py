@@ -8,6 +8,7 @@ plot of final validation loss against inter-node bytes per step goes next to it,
 
     python benchmarks/sweep.py density    # rate x block x lr x replicator, 300 steps: ~3 min per run on 2 cores
     python benchmarks/sweep.py levers     # what closes the gap over 1,000 steps: ~10 min per run
+    python benchmarks/sweep.py overlap    # when the exchange runs (none / backward / delayed), 300 steps
     python benchmarks/sweep.py levers --only "flexdemo lr=0.003 compression_feedback=0.2 momentum=ema"
 """
 
@@ -29,7 +30,7 @@ from machine import describe_machine
 
 HERE = Path(__file__).resolve().parent
 QUICK = ["--quick", "--bleu_samples", "0"]
-LONG = [*QUICK, "--max_steps", "1000", "--eval_steps", "100", "--warmup_steps", "50"]
+LONG = [*QUICK, "--max_steps", "1000", "--eval_steps", "100", "--warmup_steps", "50", "--timeout_s", "2400"]
 OLD_DEFAULT = {"compression_topk": 4, "compression_chunk": 64}  # the first release: 4 of 64 x 64 = 1/1024
 V2 = {"momentum": "ema", "compression_feedback": 0.2, "update": "sign"}  # DeMo's second version (arXiv 2411.19870v2)
 RULE = {"update": "rmsprop"}  # the update rule the long runs picked (grid "levers")
@@ -69,7 +70,18 @@ GRIDS: dict[str, dict[str, Any]] = {
             _run("flexdemo", 3e-3, compression_rate=1 / 8, compression_chunk=8, momentum="ema", update="sign"),
             # probe: the same rule without compression (the momentum averaged densely and spent every step)
             _run("flexdemo", 3e-3, replicator="full", **RULE),
+            # probes: the learning rate of the rule without a first moment; a denser payload over the long run
+            _run("flexdemo", 1e-3, compression_rate=1 / 8, compression_chunk=8, **RULE),
+            _run("flexdemo", 6e-3, compression_rate=1 / 8, compression_chunk=8, **RULE),
+            _run("flexdemo", 3e-3, compression_rate=1 / 4, compression_chunk=8, **RULE),
         ],
+    },
+    # At the package defaults: "delayed" is one step stale. ("backward" is "none"'s update, bit for bit, tested
+    # in tests/test_overlap.py; it refuses Trainer's gradient clipping, which these runs use.)
+    "overlap": {
+        "argv": QUICK,
+        "runs": [_run("adamw", 3e-3), *(_run("flexdemo", 3e-3, overlap=o) for o in ("none", "delayed")),
+                 _run("flexdemo", 1e-3, overlap="delayed")],  # does a stale update want a smaller step?
     },
 }
 

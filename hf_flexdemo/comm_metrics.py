@@ -22,7 +22,7 @@ class CommMetricsCallback(TrainerCallback, ExportableState):
 
     :meth:`collect` (a collective: every rank calls it at each logging step) returns job-wide values:
     bytes summed over all ranks per optimizer step, averaged over the steps since the last log;
-    ``comm_seconds`` is the mean time a rank spent in inter-node collectives per step (read from the
+    ``comm_seconds`` is the mean time a rank's step waited on inter-node collectives (read from the
     optimizer's timer here, at logging time: on CUDA it is measured with events, which must not be read
     inside the step).
     """
@@ -56,6 +56,8 @@ class CommMetricsCallback(TrainerCallback, ExportableState):
         }
         if sent:
             logs["flexdemo/compression_ratio"] = dense / sent
+        if optimizer.rate is not None:
+            logs["flexdemo/rate"] = optimizer.rate  # agreed by every rank (a budget moves it)
         return logs
 
     def state(self) -> dict:

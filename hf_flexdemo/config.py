@@ -11,7 +11,19 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, get_args
 
 from .guards import DriftAction, NonfiniteAction
-from .optimizer import DEFAULT_CHUNK, DEFAULT_RATE, Momentum, Replicator, Update, ValueDtype, validate_knobs
+from .optimizer import (
+    DEFAULT_BUCKET_MB,
+    DEFAULT_CHUNK,
+    DEFAULT_MAX_RATE,
+    DEFAULT_MIN_RATE,
+    DEFAULT_RATE,
+    Momentum,
+    Overlap,
+    Replicator,
+    Update,
+    ValueDtype,
+    validate_knobs,
+)
 
 Method = Literal["flexdemo", "demo", "adamw"]
 METHODS: tuple[str, ...] = get_args(Method)
@@ -47,6 +59,22 @@ class FlexDeMoConfig:
     replicator: Replicator = field(default="demo", metadata={"help": "Cross-node exchange."})
     value_dtype: ValueDtype = field(default="bfloat16", metadata={"help": "Wire type of coefficients."})
     replicator_seed: int = field(default=0, metadata={"help": "Seed of replicator='random''s shared positions."})
+    overlap: Overlap = field(
+        default="none",
+        metadata={"help": "When the exchange runs: in step() (none), started per bucket during backward (backward: "
+                          "the same update), or travelling during the next step (delayed: one step stale)."},
+    )
+    bucket_cap_mb: float = field(default=DEFAULT_BUCKET_MB, metadata={"help": "Exchange bucket size in MB (DDP's)."})
+    budget_bytes: int | None = field(
+        default=None, metadata={"help": "Instead of a rate: inter-node bytes per step and rank the exchange may send."}
+    )
+    budget_fraction: float | None = field(
+        default=None,
+        metadata={"help": "Instead of a rate: the fraction of the step time the step may wait on the exchange "
+                          "(the rate follows measured times, agreed by every rank)."},
+    )
+    budget_min_rate: float = field(default=DEFAULT_MIN_RATE, metadata={"help": "Lowest rate a budget may choose."})
+    budget_max_rate: float = field(default=DEFAULT_MAX_RATE, metadata={"help": "Highest rate a budget may choose."})
     on_nonfinite: NonfiniteAction = field(
         default="skip", metadata={"help": "A NaN/Inf gradient on any rank: every rank skips the step, or raises."}
     )

@@ -6,7 +6,7 @@ re-synchronise), or the ranks that carry on wait forever for the ones that stopp
 
 The non-finite decision costs no collective of its own across nodes: each rank's flag rides in its
 payload (see :mod:`hf_flexdemo.optimizer`), so after the exchange a rank knows the flags of its
-replicate group, and one MAX all-reduce inside the node (:func:`any_in_group`) makes it job-wide.
+replicate group, and one MAX all-reduce inside the node (:func:`max_in_group`) makes it job-wide.
 The drift check runs every ``drift_check_every`` steps only.
 """
 
@@ -38,15 +38,16 @@ def nonfinite(tensors: list[Tensor], device: torch.device) -> Tensor:
     return (~finite).to(torch.uint8)
 
 
-def any_in_group(flag: Tensor, group: dist.ProcessGroup | None, stats: CommStats) -> Tensor:
-    """``flag`` OR-ed over ``group``: a MAX all-reduce of one element, no host sync."""
+def max_in_group(values: Tensor, group: dist.ProcessGroup | None, stats: CommStats) -> Tensor:
+    """Element-wise maximum of a small float32 vector over ``group`` (one all-reduce, no host sync):
+    the non-finite flag OR-ed, and a time budget's measured fraction, over the node."""
     if group is None or dist.get_world_size(group) == 1:
-        return flag
-    buffer = flag.to(torch.int32).reshape(1)  # gloo has no MAX for uint8
+        return values
+    buffer = values.to(torch.float32).clone()
     with explained("all-reduce of the non-finite flag", group):
         dist.all_reduce(buffer, op=dist.ReduceOp.MAX, group=group)
     stats.node_collectives += 1
-    return buffer.reshape(()).to(torch.uint8)
+    return buffer
 
 
 def fingerprint(tensor: Tensor) -> Tensor:

@@ -6,8 +6,8 @@ Per step and per parameter shard (``g`` already averaged over the node by FSDP):
 2. DCT of ``delta`` in blocks; per block, a fraction ``compression_rate`` of the coefficients is kept: the
    largest (``replicator="demo"``) or positions every replica draws from the same seed (``"random"``)
 3. error feedback ``delta <- delta - alpha * IDCT(kept)`` (``alpha = compression_feedback``)
-4. one collective over the replicate group for every shard's payload: an all-gather of positions and
-   values (``"demo"``) or an all-reduce of the values alone (``"random"``)
+4. the exchange over the replicate group: an all-gather of positions and values (``"demo"``) or an
+   all-reduce of the values alone (``"random"``)
 5. ``Q`` = mean-over-choosers decode of all replicas' payloads (bit-identical on every replica)
 6. decoupled weight decay and the update: ``p <- p - lr * sign(Q)`` (``"sign"``), SGD on ``Q``
    (``"sgd"``), AdamW fed with ``Q`` as its gradient (``"adamw"``), or AdamW without its first moment
@@ -16,17 +16,30 @@ Per step and per parameter shard (``g`` already averaged over the node by FSDP):
 
 ``replicator="full"`` replaces 2-5 by a dense average of ``delta`` (which is then spent entirely);
 ``"none"`` keeps everything local (a single node). Parameters may be FSDP2 ``DTensor`` shards or
-plain tensors; all arithmetic runs on local shards, state is created lazily in :meth:`step`.
+plain tensors; all arithmetic runs on local shards, state is created lazily.
 
-What a GPU cluster needs from ``step()``: one collective crosses nodes (the payload; the non-finite
-flag rides in it), one tiny all-reduce stays inside the node (the flag, made job-wide), and the host
-waits for the device once (the skip decision). Every tensor lives on the parameters' device, and
-``torch.profiler`` shows the phases as ``FlexDeMo::compress``, ``::exchange``, ``::decode``, ``::apply``.
+When the exchange happens (``overlap``):
+
+* ``"none"``: ``step()`` compresses every shard and exchanges them in one collective;
+* ``"backward"``: parameters fall into exchange buckets of about ``bucket_cap_mb`` (DDP's convention,
+  in reverse parameter order); a bucket is compressed and its collective started from the hook FSDP2
+  fires once the bucket's node-averaged shards are final, so the network carries it while backward
+  computes the rest; ``step()`` waits, decodes and applies. The arithmetic is the same as ``"none"``'s
+  (bit-identical parameters); only the collectives are split;
+* ``"delayed"``: ``step()`` applies the previous step's consensus and starts this step's exchange,
+  which then travels during the next forward and backward (one step of staleness, as in Psyche).
+
+What a GPU cluster needs from ``step()``: the collectives that cross nodes carry the payload (the
+non-finite flag rides in it), one tiny all-reduce stays inside the node (the flag, made job-wide), and
+the host waits for the device once (the skip decision). Every tensor lives on the parameters' device,
+and ``torch.profiler`` shows the phases as ``FlexDeMo::compress``, ``::exchange``, ``::decode``, ``::apply``.
 """
 
 from __future__ import annotations
 
+import time
 import warnings
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
@@ -39,26 +52,31 @@ from torch.optim import Optimizer
 from torch.optim.adamw import adamw
 from torch.profiler import record_function
 
-from . import compression, guards
+from . import budget, compression, guards
 from .dct import BlockLayout
 from .guards import DriftAction, NonfiniteAction
-from .replicate import CommStats, ReplicateGroup, dense_allreduce_bytes, pack, unpack
+from .replicate import CommStats, Pending, ReplicateGroup, dense_allreduce_bytes, exchange_bytes, pack, unpack
 
 Update = Literal["sign", "sgd", "adamw", "rmsprop"]
 Replicator = Literal["demo", "random", "full", "none"]
 ValueDtype = Literal["bfloat16", "float32"]
 Momentum = Literal["lr", "ema"]
+Overlap = Literal["none", "backward", "delayed"]
 UPDATES: tuple[str, ...] = get_args(Update)
 REPLICATORS: tuple[str, ...] = get_args(Replicator)
 MOMENTUMS: tuple[str, ...] = get_args(Momentum)
+OVERLAPS: tuple[str, ...] = get_args(Overlap)
 VALUE_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 PARAM_DTYPES = (torch.float32, torch.bfloat16)
-# The measured operating point (README "Choosing the defaults"; benchmarks/results/density_sweep_quick.json).
+# The measured operating point (README "Choosing the defaults"; benchmarks/results/sweep_density.json).
 DEFAULT_RATE = 1 / 8
 DEFAULT_CHUNK = 8
-# Knobs that hold for the whole optimizer (one exchange per step), not per parameter group.
+DEFAULT_BUCKET_MB = 25.0  # DDP's bucket_cap_mb
+DEFAULT_MIN_RATE, DEFAULT_MAX_RATE = 1 / 64, 1 / 4
+# Knobs that hold for the whole optimizer (shared exchanges), not per parameter group.
 GLOBAL_KNOBS = ("replicator", "value_dtype", "replicator_seed", "on_nonfinite", "drift_check_every",
-                "on_drift")
+                "on_drift", "overlap", "bucket_cap_mb", "budget_bytes", "budget_fraction", "budget_min_rate",
+                "budget_max_rate")
 
 
 def _local(tensor: Tensor) -> Tensor:
@@ -74,7 +92,9 @@ def validate_knobs(
     *, compression_rate: float | None = None, compression_topk: int | None = None, compression_chunk: int = 1,
     compression_decay: float = 0.0, compression_feedback: float = 1.0, momentum: str = "lr",
     update: str = "sign", replicator: str = "demo", value_dtype: str = "bfloat16", replicator_seed: int = 0,
-    on_nonfinite: str = "skip", drift_check_every: int = 0, on_drift: str = "raise",
+    on_nonfinite: str = "skip", drift_check_every: int = 0, on_drift: str = "raise", overlap: str = "none",
+    bucket_cap_mb: float = DEFAULT_BUCKET_MB, budget_bytes: int | None = None, budget_fraction: float | None = None,
+    budget_min_rate: float = DEFAULT_MIN_RATE, budget_max_rate: float = DEFAULT_MAX_RATE,
 ) -> None:
     """Raise ``ValueError`` naming the field and the accepted values for any invalid FlexDeMo knob."""
     if compression_rate is not None and compression_topk is not None:
@@ -99,48 +119,89 @@ def validate_knobs(
     _check(isinstance(drift_check_every, int) and drift_check_every >= 0, "drift_check_every", drift_check_every,
            "an integer >= 0 (0 disables the check)")
     _check(on_drift in guards.DRIFT_ACTIONS, "on_drift", on_drift, " | ".join(guards.DRIFT_ACTIONS))
+    _check(overlap in OVERLAPS, "overlap", overlap, " | ".join(OVERLAPS))
+    _check(isinstance(bucket_cap_mb, (int, float)) and bucket_cap_mb > 0, "bucket_cap_mb", bucket_cap_mb,
+           "a number of MB > 0")
+    _check(budget_bytes is None or (isinstance(budget_bytes, int) and budget_bytes > 0), "budget_bytes",
+           budget_bytes, "None or an integer > 0 (inter-node bytes per step and rank)")
+    _check(budget_fraction is None or (isinstance(budget_fraction, (int, float)) and 0 < budget_fraction < 1),
+           "budget_fraction", budget_fraction, "None or a float in (0, 1) (of the step time)")
+    _check(isinstance(budget_min_rate, (int, float)) and isinstance(budget_max_rate, (int, float))
+           and 0 < budget_min_rate <= budget_max_rate <= 1, "budget_min_rate, budget_max_rate",
+           (budget_min_rate, budget_max_rate), "0 < budget_min_rate <= budget_max_rate <= 1")
+    if budget_bytes is not None or budget_fraction is not None:
+        _check(budget_bytes is None or budget_fraction is None, "budget_bytes, budget_fraction",
+               (budget_bytes, budget_fraction), "one of them (the other None)")
+        _check(compression_topk is None, "compression_topk", compression_topk,
+               "None with a budget (the budget chooses a rate)")
+        _check(replicator in ("demo", "random"), "replicator", replicator,
+               "'demo' | 'random' with a budget ('full' and 'none' do not compress)")
 
 
 @dataclass
-class _Bucket:
-    """Parameters of one group whose local shards share a block layout.
+class _Stack:
+    """Parameters of one exchange bucket and parameter group whose local shards share a block layout.
 
     Their momentum buffers are the rows of one stacked tensor (``delta``; each parameter's
-    ``state["delta"]`` is a view of its row), so the bucket is transformed in a few large kernels.
-    ``momentum`` is this step's candidate momentum, committed only when the step is not skipped.
+    ``state["delta"]`` is a view of its row), so the stack is transformed in a few large kernels.
+    ``momentum`` is the candidate momentum of the step in flight, committed only when that step is
+    applied; ``spare`` is the buffer the next candidate is built in.
     """
 
-    key: tuple[int, BlockLayout]
+    seed: int  # the stack's place in the plan: seeds replicator="random"'s positions
+    group_index: int
     layout: BlockLayout
     group: dict[str, Any]
     params: list[Tensor] = field(default_factory=list)
-    grads: list[Tensor] = field(default_factory=list)
     states: list[dict[str, Tensor]] = field(default_factory=list)
     delta: Tensor | None = None
+    spare: Tensor | None = None
     momentum: Tensor | None = None
+    lr: float = 0.0  # the learning rate ``momentum`` was built with
     positions: Tensor | None = None  # flat positions of the kept coefficients in ``momentum``
     indices: Tensor | None = None  # their in-block positions as they travel ("demo")
     values: Tensor | None = None  # their values as they travel
 
-    @property
-    def kept(self) -> int:
-        group = self.group
-        return compression.kept_per_block(self.layout.block_numel, group["compression_rate"], group["compression_topk"])
+    def locals(self) -> list[Tensor]:
+        return [_local(p) for p in self.params]
+
+    def grads(self) -> list[Tensor]:
+        return [torch.zeros_like(_local(p)) if p.grad is None else _local(p.grad) for p in self.params]
 
 
-def _stack_rows(states: list[dict[str, Tensor]]) -> Tensor:
-    """The stacked momentum of a bucket; re-stacks (once) when the rows are not views of one tensor."""
-    deltas = [s["delta"] for s in states]
-    base = deltas[0]._base
+@dataclass
+class _Bucket:
+    """Parameters whose exchange starts together: about ``bucket_cap_mb`` of local shards."""
+
+    params: list[Tensor]
+    stacks: list[_Stack]
+    hooked: bool  # overlap="backward" and every parameter an FSDP2 shard, whose final gradient a hook announces
+    ready: set[int] = field(default_factory=set)  # ids of the parameters whose gradient arrived this step
+    launched: bool = False
+
+
+@dataclass
+class _Exchange:
+    """One collective in flight and the stacks whose payload it carries (``like``: what it holds)."""
+
+    stacks: list[_Stack]
+    pending: Pending | None
+    like: list[Tensor]
+
+
+def _stack_rows(states: list[dict[str, Tensor]], key: str) -> Tensor:
+    """The stacked ``state[key]`` of a stack; re-stacks (once) when the rows are not views of one tensor."""
+    rows = [s[key] for s in states]
+    base = rows[0]._base
     if (
         base is not None
-        and base.shape[0] == len(deltas)
-        and all(d.data_ptr() == row.data_ptr() for d, row in zip(deltas, base))
+        and base.shape[0] == len(rows)
+        and all(r.data_ptr() == row.data_ptr() for r, row in zip(rows, base))
     ):
         return base
-    stacked = torch.stack(deltas)
+    stacked = torch.stack(rows)
     for state, row in zip(states, stacked):
-        state["delta"] = row
+        state[key] = row
     return stacked
 
 
@@ -170,6 +231,16 @@ class FlexDeMo(Optimizer):
         value_dtype: wire type of the coefficients, ``"bfloat16"`` or ``"float32"``.
         replicator_seed: seed of ``replicator="random"``'s positions (the same on every replica).
         betas, eps: AdamW constants, used with ``update="adamw"``.
+        overlap: ``"none"``, ``"backward"`` (start each bucket's exchange during backward; the same
+            update, but gradients are read when FSDP2 finalises them, so clipping or scaling them between
+            backward and ``step()`` does not reach the exchange) or ``"delayed"`` (apply the previous step's
+            consensus; the exchange travels during the next forward and backward).
+        bucket_cap_mb: size of an exchange bucket (local shard bytes in float32), as DDP's.
+        budget_bytes: instead of a fixed rate, the largest rate whose payload fits this many inter-node
+            bytes per step and rank.
+        budget_fraction: instead of a fixed rate, a rate adjusted every step so the step waits on the
+            exchange for at most this fraction of its time (measured, agreed by every rank).
+        budget_min_rate, budget_max_rate: the bounds of a budget's rate.
         on_nonfinite: a NaN/Inf gradient on any rank: every rank skips the step, or raises.
         drift_check_every, on_drift: compare parameters across replicas every N steps (0: never); raise
             or copy replica 0's values on a mismatch.
@@ -195,18 +266,28 @@ class FlexDeMo(Optimizer):
         replicator_seed: int = 0,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
+        overlap: Overlap = "none",
+        bucket_cap_mb: float = DEFAULT_BUCKET_MB,
+        budget_bytes: int | None = None,
+        budget_fraction: float | None = None,
+        budget_min_rate: float = DEFAULT_MIN_RATE,
+        budget_max_rate: float = DEFAULT_MAX_RATE,
         on_nonfinite: NonfiniteAction = "skip",
         drift_check_every: int = 100,
         on_drift: DriftAction = "raise",
     ) -> None:
         _check(lr >= 0, "lr", lr, "a float >= 0")
-        if compression_rate is None and compression_topk is None:
+        budgeted = budget_bytes is not None or budget_fraction is not None
+        if compression_rate is None and compression_topk is None and not budgeted:
             compression_rate = DEFAULT_RATE
         knobs = dict(compression_rate=compression_rate, compression_topk=compression_topk,
                      compression_chunk=compression_chunk, compression_decay=compression_decay,
                      compression_feedback=compression_feedback, momentum=momentum, update=update,
                      replicator=replicator, value_dtype=value_dtype, replicator_seed=replicator_seed,
-                     on_nonfinite=on_nonfinite, drift_check_every=drift_check_every, on_drift=on_drift)
+                     overlap=overlap, bucket_cap_mb=bucket_cap_mb, budget_bytes=budget_bytes,
+                     budget_fraction=budget_fraction, budget_min_rate=budget_min_rate,
+                     budget_max_rate=budget_max_rate, on_nonfinite=on_nonfinite,
+                     drift_check_every=drift_check_every, on_drift=on_drift)
         validate_knobs(**knobs)
         _check(weight_decay >= 0, "weight_decay", weight_decay, "a float >= 0")
         _check(all(0.0 <= b < 1.0 for b in betas), "betas", betas, "two floats in [0, 1)")
@@ -233,15 +314,47 @@ class FlexDeMo(Optimizer):
         self.steps = 0  # optimizer steps taken or skipped: the drift schedule and the random positions' seed
         self.skipped_steps = 0
         self.comm_stats: dict[str, int] = CommStats().as_dict()
+        # A budget's current rate (None: each group's compression_rate / compression_topk). A byte budget's
+        # is solved from the shard shapes when the plan is built.
+        self._rate: float | None = None
+        if budget_fraction is not None:
+            self._rate = min(max(compression_rate or DEFAULT_RATE, budget_min_rate), budget_max_rate)
+        self._stats = CommStats()  # the step being built (backward hooks count into it too)
+        self._plan: list[_Bucket] | None = None
+        self._bucket_of: dict[int, _Bucket] = {}
+        self._next_launch = 0  # buckets are launched in plan order, so every replica issues the same sequence
+        self._in_flight: list[_Exchange] = []
+        self._local_flags: list[Tensor] = []  # this rank's own non-finite flags of the step in flight
+        self._skip_here = False
+        self._pending: dict[str, Any] | None = None  # overlap="delayed": the resolved consensus awaiting its step
+        self._timing = torch.full((1,), -1.0, device=self._device)  # the last step's waited fraction (budget)
+        self._last_step_end: float | None = None
         self._buffers: dict[str, Tensor] = {}
-        self._spares: dict[tuple[int, BlockLayout], Tensor] = {}
+        self._hooks: list[Any] = []
+        self._install_hooks()
 
     # ---- state -------------------------------------------------------------------------------
 
+    @property
+    def rate(self) -> float | None:
+        """The compression rate in use: a budget's current choice, else the first group's ``compression_rate``."""
+        return self._rate if self._rate is not None else self.param_groups[0]["compression_rate"]
+
     def state_dict(self) -> dict[str, Any]:
-        """Torch's ``state_dict`` plus the step counters (the knobs are in ``param_groups``)."""
+        """Torch's ``state_dict`` plus the step counters and the budget's rate (the knobs are in ``param_groups``).
+
+        With ``overlap="delayed"`` the exchange in flight is waited for and decoded first: the candidate
+        momentum and the consensus still to apply are per-parameter state (``pending_delta``,
+        ``pending_update``), so a resumed run applies exactly what the uninterrupted one would.
+        """
+        if self._in_flight:
+            if self.param_groups[0]["overlap"] != "delayed":
+                raise RuntimeError("FlexDeMo: state_dict() while this step's exchange is in flight (after backward, "
+                                   "before step()); call it after optimizer.step().")
+            self._hold()
         state = super().state_dict()
-        state["flexdemo"] = {"steps": self.steps, "skipped_steps": self.skipped_steps}
+        state["flexdemo"] = {"steps": self.steps, "skipped_steps": self.skipped_steps, "rate": self._rate,
+                             "pending": self._pending}
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -249,17 +362,132 @@ class FlexDeMo(Optimizer):
         super().load_state_dict(state_dict)
         params = [p for group in self.param_groups for p in group["params"]]
         for index, saved in state_dict["state"].items():
-            self.state[params[index]]["delta"] = saved["delta"].to(device=self._device, dtype=torch.float32,
-                                                                    copy=True)
+            for key in ("delta", "pending_delta", "pending_update"):
+                if key in saved:
+                    self.state[params[index]][key] = saved[key].to(device=self._device, dtype=torch.float32,
+                                                                   copy=True)
         counters = state_dict.get("flexdemo", {})
         self.steps = counters.get("steps", 0)
         self.skipped_steps = counters.get("skipped_steps", 0)
+        self._rate = counters.get("rate")
+        self._pending = counters.get("pending")
+        self._plan, self._bucket_of, self._in_flight = None, {}, []  # rebuilt on the loaded state
+        self._install_hooks()  # the loaded knobs may change overlap
 
     def pop_exchange_seconds(self) -> float:
-        """Seconds this rank spent in inter-node collectives since the last call (syncs on CUDA)."""
+        """Seconds this rank waited for inter-node collectives since the last call (syncs on CUDA)."""
         return self.replicate.timer.pop()
 
+    # ---- the plan: buckets and stacks ----------------------------------------------------------
+
+    def _install_hooks(self) -> None:
+        """With ``overlap="backward"``, a post-accumulate-grad hook on every FSDP2 shard: FSDP2 calls it once
+        the node-averaged gradient shard is final (after the reduce-scatter of its last use)."""
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+        if self.param_groups[0]["overlap"] != "backward":
+            return
+        method = weakref.WeakMethod(self._gradient_ready)  # hooks must not keep the optimizer alive
+
+        def hook(param: Tensor) -> None:
+            if (ready := method()) is not None:
+                ready(param)
+
+        for group in self.param_groups:
+            self._hooks += [p.register_post_accumulate_grad_hook(hook) for p in group["params"]
+                            if p.requires_grad and isinstance(p, DTensor)]
+
+    def _buckets(self) -> list[_Bucket]:
+        """The exchange plan, built once: parameters in reverse order (about the order backward finishes
+        them) cut into buckets of ``bucket_cap_mb``, each bucket's shards stacked by (group, block layout)."""
+        if self._plan is not None:
+            return self._plan
+        knobs = self.param_groups[0]
+        cap = knobs["bucket_cap_mb"] * 2**20
+        entries = [(g, p) for g, group in enumerate(self.param_groups) for p in group["params"] if p.requires_grad]
+        members: list[list[tuple[int, Tensor]]] = [[]]
+        size = 0
+        for g, p in reversed(entries):
+            if size >= cap:
+                members.append([])
+                size = 0
+            members[-1].append((g, p))
+            size += _local(p).numel() * 4
+        self._plan, seed = [], 0
+        for bucket_members in members:
+            stacks: dict[tuple[int, BlockLayout], _Stack] = {}
+            for g, p in bucket_members:
+                group, state = self.param_groups[g], self._state_for(p, self.param_groups[g])
+                local = _local(p)
+                if not local.numel():
+                    continue  # an empty shard: its replicas are empty too, nothing to send or update
+                layout = BlockLayout.for_shape(tuple(local.shape), group["compression_chunk"])
+                if (g, layout) not in stacks:
+                    stacks[g, layout] = _Stack(seed, g, layout, group)
+                    seed += 1
+                stacks[g, layout].params.append(p)
+                stacks[g, layout].states.append(state)
+            for stack in stacks.values():
+                stack.delta = _stack_rows(stack.states, "delta")
+            hooked = knobs["overlap"] == "backward" and all(isinstance(p, DTensor) for _, p in bucket_members)
+            bucket = _Bucket([p for _, p in bucket_members], list(stacks.values()), hooked)
+            self._plan.append(bucket)
+            self._bucket_of.update({id(p): bucket for _, p in bucket_members})
+        if knobs["budget_bytes"] is not None:
+            self._rate = budget.rate_for_bytes(self._bytes_at, knobs["budget_bytes"], knobs["budget_min_rate"],
+                                               knobs["budget_max_rate"])
+        return self._plan
+
+    def _state_for(self, p: Tensor, group: dict[str, Any]) -> dict[str, Tensor]:
+        """``p``'s state, created on first use."""
+        state = self.state[p]
+        if not state:
+            param = _local(p)
+            state["step"] = torch.zeros((), dtype=torch.float32)  # on the CPU, as torch's AdamW keeps it
+            state["delta"] = torch.zeros_like(param, dtype=torch.float32)
+            if group["update"] in ("adamw", "rmsprop"):
+                state["exp_avg"] = torch.zeros_like(param)
+                state["exp_avg_sq"] = torch.zeros_like(param)
+        return state
+
+    def _bytes_at(self, rate: float) -> int:
+        """Inter-node bytes this rank sends per step at ``rate`` (the byte budget's equation)."""
+        knobs = self.param_groups[0]
+        return sum(
+            exchange_bytes(knobs["replicator"], [tuple(_local(p).shape) for p in group["params"] if p.requires_grad],
+                           self.replicate.size, rate=rate, topk=None, chunk=group["compression_chunk"],
+                           value_bytes=VALUE_DTYPES[knobs["value_dtype"]].itemsize)
+            for group in self.param_groups
+        )
+
+    def _kept(self, stack: _Stack) -> int:
+        group = stack.group
+        if self._rate is not None:
+            return compression.kept_per_block(stack.layout.block_numel, self._rate, None)
+        return compression.kept_per_block(stack.layout.block_numel, group["compression_rate"],
+                                          group["compression_topk"])
+
     # ---- step --------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def _gradient_ready(self, param: Tensor) -> None:
+        """FSDP2's hook for ``param``: start the exchange of every complete bucket, in plan order."""
+        plan = self._buckets()
+        bucket = self._bucket_of[id(param)]
+        if bucket.launched or id(param) in bucket.ready:
+            names = [n for n, p in self._named_params() if p is param]
+            raise RuntimeError(
+                f"FlexDeMo(overlap='backward'): the gradient of {names[0] if names else 'a parameter'} arrived twice "
+                "before step(). With gradient accumulation, reduce gradients on the last micro-batch only "
+                "(Accelerate's accumulate/no_sync, or model.set_requires_gradient_sync(False) before the others), "
+                "or use overlap='none'.")
+        bucket.ready.add(id(param))
+        while self._next_launch < len(plan):
+            candidate = plan[self._next_launch]
+            if not (candidate.hooked and len(candidate.ready) == len(candidate.params)):
+                break
+            self._launch([candidate])
 
     @torch.no_grad()
     def step(self, closure=None):  # type: ignore[override]
@@ -270,93 +498,136 @@ class FlexDeMo(Optimizer):
         knobs = self.param_groups[0]
         if knobs["drift_check_every"] and self.steps % knobs["drift_check_every"] == 0:
             self._check_drift()
-        stats = CommStats()
-        buckets = self._buckets()
-        with record_function("FlexDeMo::compress"):
-            local = self._compress(buckets, knobs)
-        with record_function("FlexDeMo::exchange"):
-            received, flag = self._exchange(buckets, local, knobs, stats)
-            flag = guards.any_in_group(flag, self.shard_group, stats)
-        self.steps += 1
-        stats.dense_bytes = dense_allreduce_bytes(sum(b.delta.numel() for b in buckets), self.replicate.size)
-        self.comm_stats = stats.as_dict()
-        if flag.item():  # the step's one host sync: every rank reaches the same decision
-            self._skip(knobs["on_nonfinite"], bool(local))
-            return loss
-        for index, bucket in enumerate(buckets):
-            with record_function("FlexDeMo::decode"):
-                q = self._decode(bucket, received[index], knobs)
-            with record_function("FlexDeMo::apply"):
-                self._commit(bucket, spent=knobs["replicator"] == "full")
-                self._apply(bucket, q)
+        plan = self._buckets()
+        if knobs["overlap"] == "delayed":
+            if self._in_flight:
+                self._hold()
+            if self._pending is not None:
+                self._apply_pending(knobs)
+            self._launch(plan)  # travels during the next forward and backward
+        else:
+            if self._next_launch < len(plan):
+                self._launch(plan[self._next_launch:])  # what backward has not started (everything, for "none")
+            self._resolve_and_apply(knobs)
+        self._end_step(plan)
         return loss
 
-    def _skip(self, action: str, here: bool) -> None:
+    def _launch(self, buckets: list[_Bucket]) -> None:
+        """Compress ``buckets`` (consecutive in the plan) and start their exchange, in one collective."""
+        knobs = self.param_groups[0]
+        for bucket in buckets:
+            bucket.launched = True
+        self._next_launch += len(buckets)
+        stacks = [s for b in buckets for s in b.stacks]
+        with record_function("FlexDeMo::compress"):
+            flag = self._compress(stacks, knobs)
+        with record_function("FlexDeMo::exchange"):
+            self._in_flight.append(self._start(stacks, flag, knobs))
+        self._local_flags.append(flag)
+
+    def _resolve_and_apply(self, knobs: dict[str, Any]) -> None:
+        """Wait for this step's exchanges, decide, then decode and apply stack by stack."""
+        stacks, received, flag, timing = self._finish()
+        if self._decide(flag, timing, knobs):
+            self._discard(stacks)
+            return
+        for stack, payload in zip(stacks, received):
+            with record_function("FlexDeMo::decode"):
+                q = self._decode(stack, payload, knobs)
+            with record_function("FlexDeMo::apply"):
+                self._commit(stack, spent=knobs["replicator"] == "full")
+                self._apply(stack, q, stack.lr)
+
+    def _hold(self) -> None:
+        """``overlap="delayed"``: wait for the exchange in flight, decide, and keep the decoded consensus and
+        the candidate momentum as per-parameter state until the step that applies them."""
+        knobs = self.param_groups[0]
+        stacks, received, flag, timing = self._finish()
+        skip = self._decide(flag, timing, knobs)
+        for stack, payload in zip(stacks, received):
+            if not skip:
+                with record_function("FlexDeMo::decode"):
+                    q = self._decode(stack, payload, knobs).clone()
+                for state, row in zip(stack.states, q.unbind(0)):
+                    state["pending_update"] = row
+            for state, row in zip(stack.states, stack.momentum.unbind(0)):
+                state["pending_delta"] = row
+        self._pending = {"skip": skip, "here": self._skip_here, "lrs": [stack.lr for stack in stacks],
+                         "step": self.steps - 1}
+
+    def _apply_pending(self, knobs: dict[str, Any]) -> None:
+        """``overlap="delayed"``: commit and apply the held consensus of the previous step (or skip it)."""
+        pending, self._pending = self._pending, None
+        stacks = [s for b in self._buckets() for s in b.stacks]
+        for stack, lr in zip(stacks, pending["lrs"]):
+            stack.momentum, stack.lr = _stack_rows(stack.states, "pending_delta"), lr
+        if pending["skip"]:
+            self._skip(knobs["on_nonfinite"], pending["step"], pending["here"])
+            self._discard(stacks)
+        for stack in stacks:
+            if not pending["skip"]:
+                with record_function("FlexDeMo::apply"):
+                    self._commit(stack, spent=knobs["replicator"] == "full")
+                    self._apply(stack, _stack_rows(stack.states, "pending_update"), stack.lr)
+            for state in stack.states:
+                state.pop("pending_delta")
+                state.pop("pending_update", None)
+
+    def _end_step(self, plan: list[_Bucket]) -> None:
+        self.steps += 1
+        stacks = [s for b in plan for s in b.stacks]
+        self._stats.dense_bytes = dense_allreduce_bytes(sum(s.delta.numel() for s in stacks), self.replicate.size)
+        self.comm_stats, self._stats = self._stats.as_dict(), CommStats()
+        for bucket in plan:
+            bucket.launched = False
+            bucket.ready.clear()
+        self._next_launch = 0
+        if self.param_groups[0]["budget_fraction"] is not None:  # this step's waited fraction rides in the next payload
+            now = time.perf_counter()
+            waited = self.replicate.timer.settle()
+            if self._last_step_end is not None:
+                self._timing.fill_(waited / max(now - self._last_step_end, 1e-9))
+            self._last_step_end = now
+
+    def _skip(self, action: str, step: int, here: bool) -> None:
         rank = dist.get_rank() if dist.is_initialized() else 0
-        message = (f"FlexDeMo: non-finite gradient at step {self.steps - 1} (on rank {rank}: "
+        message = (f"FlexDeMo: non-finite gradient at step {step} (on rank {rank}: "
                    f"{'non-finite' if here else 'finite'})")
         if action == "raise":
             raise FloatingPointError(message + " (on_nonfinite='raise').")
-        warnings.warn(message + "; every rank skips this step (on_nonfinite='skip').", stacklevel=3)
+        warnings.warn(message + "; every rank skips this step (on_nonfinite='skip').", stacklevel=4)
         self.skipped_steps += 1
 
-    def _buckets(self) -> list[_Bucket]:
-        """Group the non-empty local shards by (param group, block layout); create state lazily."""
-        buckets: dict[tuple[int, BlockLayout], _Bucket] = {}
-        for index, group in enumerate(self.param_groups):
-            for p in group["params"]:
-                if not p.requires_grad:
-                    continue
-                param = _local(p)
-                state = self.state[p]
-                if not state:
-                    state["step"] = torch.zeros((), dtype=torch.float32)  # on the CPU, as torch's AdamW keeps it
-                    state["delta"] = torch.zeros_like(param, dtype=torch.float32)
-                    if group["update"] in ("adamw", "rmsprop"):
-                        state["exp_avg"] = torch.zeros_like(param)
-                        state["exp_avg_sq"] = torch.zeros_like(param)
-                if not param.numel():
-                    continue  # an empty shard: its replicas are empty too, nothing to send or update
-                layout = BlockLayout.for_shape(tuple(param.shape), group["compression_chunk"])
-                key = (index, layout)
-                bucket = buckets.setdefault(key, _Bucket(key, layout, group))
-                bucket.params.append(param)
-                bucket.grads.append(torch.zeros_like(param) if p.grad is None else _local(p.grad))
-                bucket.states.append(state)
-        for bucket in buckets.values():
-            bucket.delta = _stack_rows(bucket.states)
-        return list(buckets.values())
-
-    def _compress(self, buckets: list[_Bucket], knobs: dict[str, Any]) -> Tensor:
-        """This step's momentum and payload of every bucket; returns this rank's non-finite flag.
+    def _compress(self, stacks: list[_Stack], knobs: dict[str, Any]) -> Tensor:
+        """The new momentum and payload of every stack; returns this rank's non-finite flag.
 
         Non-finite values are zeroed before they can travel (the flag tells every rank to skip).
         """
         value_dtype = VALUE_DTYPES[knobs["value_dtype"]]
-        for index, bucket in enumerate(buckets):
-            bucket.momentum = self._momentum(bucket)
+        for stack in stacks:
+            stack.momentum, stack.lr = self._momentum(stack), stack.group["lr"]
             if knobs["replicator"] != "full":
-                self._select(bucket, index, value_dtype, knobs)
-        payload = [b.momentum if knobs["replicator"] == "full" else b.values for b in buckets]
+                self._select(stack, value_dtype, knobs)
+        payload = [s.momentum if knobs["replicator"] == "full" else s.values for s in stacks]
         flag = guards.nonfinite(payload, self._device)
         for values in payload:
             torch.nan_to_num_(values, nan=0.0, posinf=0.0, neginf=0.0)
         return flag
 
-    def _momentum(self, bucket: _Bucket) -> Tensor:
-        """``beta * delta + scale * g`` in a second buffer: the old momentum survives a skipped step."""
-        group = bucket.group
-        spare = self._spares.pop(bucket.key, None)
-        if spare is None or spare.shape != bucket.delta.shape or spare.data_ptr() == bucket.delta.data_ptr():
-            spare = torch.empty_like(bucket.delta)
-        torch.mul(bucket.delta, group["compression_decay"], out=spare)
+    def _momentum(self, stack: _Stack) -> Tensor:
+        """``beta * delta + scale * g`` in the spare buffer: the old momentum survives a skipped step."""
+        group = stack.group
+        spare, stack.spare = stack.spare, None
+        if spare is None or spare.shape != stack.delta.shape:
+            spare = torch.empty_like(stack.delta)
+        torch.mul(stack.delta, group["compression_decay"], out=spare)
         scale = group["lr"] if group["momentum"] == "lr" else 1.0 - group["compression_decay"]
-        torch._foreach_add_(list(spare.unbind(0)), bucket.grads, alpha=scale)
+        torch._foreach_add_(list(spare.unbind(0)), stack.grads(), alpha=scale)
         return spare
 
-    def _select(self, bucket: _Bucket, index: int, value_dtype: torch.dtype, knobs: dict[str, Any]) -> None:
-        """DCT, choice of the kept coefficients, and error feedback on the bucket's new momentum."""
-        layout, momentum = bucket.layout, bucket.momentum
+    def _select(self, stack: _Stack, value_dtype: torch.dtype, knobs: dict[str, Any]) -> None:
+        """DCT, choice of the kept coefficients, and error feedback on the stack's new momentum."""
+        layout, momentum = stack.layout, stack.momentum
         # Coefficients travel rounded to value_dtype, so the transform runs in it too (bf16 GEMMs are ~3x
         # faster); error feedback still subtracts exactly the rounded values, synthesised in float32.
         source = momentum if value_dtype == momentum.dtype else self._workspace("source", momentum, value_dtype)
@@ -364,53 +635,92 @@ class FlexDeMo(Optimizer):
             source.copy_(momentum)
         coefficients = layout.dct(source, out=self._workspace("coefficients", momentum, value_dtype),
                                   scratch=self._workspace("scratch", momentum, value_dtype))
-        k = bucket.kept
+        k = self._kept(stack)
         if knobs["replicator"] == "random":
             generator = torch.Generator(device=self._device)
-            generator.manual_seed(knobs["replicator_seed"] * 2**40 + self.steps * 2**16 + index)
+            generator.manual_seed(knobs["replicator_seed"] * 2**40 + self.steps * 2**16 + stack.seed)
             indices = compression.select_random(layout, momentum.shape[0], k, generator)
         else:
             magnitude = self._workspace("scratch", momentum, value_dtype)
             indices = compression.select_topk(coefficients, layout, k, magnitude)
-        bucket.positions, bucket.values = compression.gather(coefficients, layout, indices, value_dtype)
-        bucket.indices = indices.to(compression.index_dtype(layout.block_numel))
-        sent = compression.scatter_mean(bucket.positions.unsqueeze(0), bucket.values.unsqueeze(0),
+        stack.positions, stack.values = compression.gather(coefficients, layout, indices, value_dtype)
+        stack.indices = indices.to(compression.index_dtype(layout.block_numel))
+        sent = compression.scatter_mean(stack.positions.unsqueeze(0), stack.values.unsqueeze(0),
                                         out=self._workspace("dense", momentum), counts=None)
         estimate = layout.idct(sent, out=self._workspace("signal", momentum),
                                scratch=self._workspace("dense_scratch", momentum))
-        momentum.sub_(estimate, alpha=bucket.group["compression_feedback"])
+        momentum.sub_(estimate, alpha=stack.group["compression_feedback"])
 
-    def _exchange(
-        self, buckets: list[_Bucket], flag: Tensor, knobs: dict[str, Any], stats: CommStats
-    ) -> tuple[list[Any], Tensor]:
-        """The one inter-node collective of the step; returns each bucket's received payload and the flag
-        OR-ed over the replicate group (it rides in the payload)."""
+    def _start(self, stacks: list[_Stack], flag: Tensor, knobs: dict[str, Any]) -> _Exchange:
+        """Start the collective carrying ``stacks``' payload, with the flag (and a budget's timing) behind it."""
         replicator = knobs["replicator"]
+        trailer = [flag.reshape(1)] + ([self._timing] if knobs["budget_fraction"] is not None else [])
         if replicator == "demo":
-            like = [t for b in buckets for t in (b.indices, b.values)]
-            rows = self.replicate.all_gather(pack([*like, flag.reshape(1)]), stats)
-            parts = unpack(rows, like)
-            stats.coefficients = sum(b.values.numel() for b in buckets)
-            return [(parts[2 * i], parts[2 * i + 1]) for i in range(len(buckets))], rows[:, -1].amax()
+            like = [t for s in stacks for t in (s.indices, s.values)] + trailer
+            self._stats.coefficients += sum(s.values.numel() for s in stacks)
+            return _Exchange(stacks, self.replicate.all_gather(pack(like), self._stats), like)
         if replicator in ("random", "full"):
-            payload = [b.values if replicator == "random" else b.momentum.reshape(-1) for b in buckets]
-            dtype = payload[0].dtype if payload else torch.float32
-            total = self.replicate.all_reduce(torch.cat([*payload, flag.to(dtype).reshape(1)]), stats)
-            sums = total[:-1].split([t.numel() for t in payload])
-            stats.coefficients = sum(t.numel() for t in payload) if replicator == "random" else 0
-            return list(sums), (total[-1] > 0).to(torch.uint8)
-        return [None] * len(buckets), flag  # "none": a single node
+            payload = [s.values if replicator == "random" else s.momentum.reshape(-1) for s in stacks]
+            dtype = VALUE_DTYPES[knobs["value_dtype"]] if replicator == "random" else torch.float32
+            like = payload + [t.to(dtype) for t in trailer]
+            self._stats.coefficients += sum(t.numel() for t in payload) if replicator == "random" else 0
+            return _Exchange(stacks, self.replicate.all_reduce(torch.cat(like), self._stats), like)
+        return _Exchange(stacks, None, trailer)  # "none": a single node
 
-    def _decode(self, bucket: _Bucket, received: Any, knobs: dict[str, Any]) -> Tensor:
-        """``Q`` of the bucket, ``(P, *shape)`` in float32, the same on every replica."""
-        momentum, layout = bucket.momentum, bucket.layout
+    def _finish(self) -> tuple[list[_Stack], list[Any], Tensor, Tensor | None]:
+        """Wait for every exchange in flight: the stacks, their received payloads, the flag OR-ed over the
+        replicate group and, with a time budget, the replicas' mean waited fraction."""
+        replicator, replicas = self.param_groups[0]["replicator"], self.replicate.size
+        stacks, received, flags, timings = [], [], [], []
+        for exchange in self._in_flight:
+            count = len(exchange.stacks)
+            stacks += exchange.stacks
+            if exchange.pending is None:
+                parts = [p.reshape(1, -1) for p in exchange.like]
+                received += [None] * count
+            elif replicator == "demo":
+                parts = unpack(exchange.pending.wait(), exchange.like)
+                received += [(parts[2 * i], parts[2 * i + 1]) for i in range(count)]
+                parts = parts[2 * count:]
+            else:
+                parts = list(exchange.pending.wait().split([t.numel() for t in exchange.like]))
+                received += parts[:count]
+                parts = [(p / replicas).reshape(1, -1) for p in parts[count:]]
+            flags.append((parts[0] > 0).any())
+            timings.append(parts[1].float().mean() if len(parts) > 1 else None)
+        self._in_flight = []
+        return stacks, received, torch.stack(flags).any(), timings[0]
+
+    def _decide(self, flag: Tensor, timing: Tensor | None, knobs: dict[str, Any]) -> bool:
+        """The step's one host sync: skip or not, the same on every rank (and a time budget's next rate)."""
+        signal = flag.to(torch.float32).reshape(1)
+        if timing is not None:
+            signal = torch.cat([signal, timing.reshape(1)])
+        with record_function("FlexDeMo::exchange"):
+            signal = guards.max_in_group(signal, self.shard_group, self._stats)
+        if timing is None:
+            skip = signal.item() > 0
+        else:
+            skip, measured = signal.tolist()
+            self._rate = budget.next_rate(self._rate, measured, knobs["budget_fraction"], knobs["budget_min_rate"],
+                                          knobs["budget_max_rate"])
+        here = bool(torch.stack(self._local_flags).any()) if skip else False  # a second sync on the skip path only
+        self._local_flags = []
+        if skip and knobs["overlap"] != "delayed":
+            self._skip(knobs["on_nonfinite"], self.steps, here)
+        self._skip_here = here
+        return bool(skip)
+
+    def _decode(self, stack: _Stack, received: Any, knobs: dict[str, Any]) -> Tensor:
+        """``Q`` of the stack, ``(P, *shape)`` in float32, the same on every replica."""
+        momentum, layout = stack.momentum, stack.layout
         replicator, replicas = knobs["replicator"], self.replicate.size
         if replicator == "full":
             return received.view_as(momentum).div_(replicas)
         if replicator == "none":
-            positions, values = bucket.positions.unsqueeze(0), bucket.values.unsqueeze(0)
+            positions, values = stack.positions.unsqueeze(0), stack.values.unsqueeze(0)
         elif replicator == "random":
-            positions, values = bucket.positions.unsqueeze(0), received.float().div_(replicas).unsqueeze(0)
+            positions, values = stack.positions.unsqueeze(0), received.float().div_(replicas).unsqueeze(0)
         else:
             indices, values = received
             positions = torch.stack([layout.flat_positions(momentum.shape[0], i.long()).view(-1) for i in indices])
@@ -419,40 +729,46 @@ class FlexDeMo(Optimizer):
         return layout.idct(dense, out=self._workspace("signal", momentum),
                            scratch=self._workspace("dense_scratch", momentum))
 
-    def _commit(self, bucket: _Bucket, spent: bool) -> None:
-        """Make this step's momentum the state; the old buffer becomes the next step's spare."""
+    def _commit(self, stack: _Stack, spent: bool) -> None:
+        """Make the candidate momentum the state; the old buffer becomes the next candidate's."""
         if spent:
-            bucket.momentum.zero_()
-        self._spares[bucket.key] = bucket.delta
-        for state, row in zip(bucket.states, bucket.momentum.unbind(0)):
+            stack.momentum.zero_()
+        stack.spare, stack.delta, stack.momentum = stack.delta, stack.momentum, None
+        for state, row in zip(stack.states, stack.delta.unbind(0)):
             state["delta"] = row
 
-    def _apply(self, bucket: _Bucket, q: Tensor) -> None:
-        """Update the bucket's parameters from its ``(P, *shape)`` signal ``Q``."""
-        group = bucket.group
-        lr, weight_decay = group["lr"], group["weight_decay"]
+    @staticmethod
+    def _discard(stacks: list[_Stack]) -> None:
+        """A skipped step: the candidate momentum is dropped (its buffer is reused)."""
+        for stack in stacks:
+            stack.spare, stack.momentum = stack.momentum, None
+
+    def _apply(self, stack: _Stack, q: Tensor, lr: float) -> None:
+        """Update the stack's parameters from its ``(P, *shape)`` signal ``Q`` (built with learning rate ``lr``)."""
+        group, params = stack.group, stack.locals()
+        weight_decay = group["weight_decay"]
         # Q carries lr with momentum="lr": the gradient it estimates is Q / lr.
         to_gradient = (1.0 / lr if lr > 0 else 0.0) if group["momentum"] == "lr" else 1.0
         rows = list(q.unbind(0))
         if group["update"] in ("adamw", "rmsprop"):
-            grads = [(row * to_gradient).to(p.dtype) for row, p in zip(rows, bucket.params)]
+            grads = [(row * to_gradient).to(p.dtype) for row, p in zip(rows, params)]
             beta1 = 0.0 if group["update"] == "rmsprop" else group["betas"][0]
             adamw(
-                bucket.params, grads,
-                [s["exp_avg"] for s in bucket.states], [s["exp_avg_sq"] for s in bucket.states], [],
-                [s["step"] for s in bucket.states],
+                params, grads,
+                [s["exp_avg"] for s in stack.states], [s["exp_avg_sq"] for s in stack.states], [],
+                [s["step"] for s in stack.states],
                 amsgrad=False, beta1=beta1, beta2=group["betas"][1], lr=lr,
                 weight_decay=weight_decay, eps=group["eps"], maximize=False,
             )
             return
-        torch._foreach_add_([s["step"] for s in bucket.states], 1.0)
+        torch._foreach_add_([s["step"] for s in stack.states], 1.0)
         if weight_decay:
-            torch._foreach_mul_(bucket.params, 1.0 - lr * weight_decay)
+            torch._foreach_mul_(params, 1.0 - lr * weight_decay)
         if group["update"] == "sign":
             q.sign_()
-            torch._foreach_add_(bucket.params, rows, alpha=-lr)
+            torch._foreach_add_(params, rows, alpha=-lr)
         else:
-            torch._foreach_add_(bucket.params, rows, alpha=-lr * to_gradient)
+            torch._foreach_add_(params, rows, alpha=-lr * to_gradient)
 
     def _workspace(self, name: str, like: Tensor, dtype: torch.dtype | None = None) -> Tensor:
         """A reusable contiguous buffer shaped like ``like``: on CPU, fresh multi-MB allocations fault

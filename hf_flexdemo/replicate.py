@@ -1,13 +1,13 @@
 """Collectives on the replicate group (the ranks holding the same shard on other nodes).
 
-Every parameter's payload of a step travels in one collective: the tensors are packed into a
-single byte buffer, gathered (or, for values only, summed), and unpacked per replica. Byte counts
-follow the ring algorithms gloo and NCCL use: an all-gather puts ``(R - 1) * payload`` bytes on
-each rank's link, an all-reduce ``2 * (R - 1) / R * buffer``.
+A payload (one exchange bucket's, or the whole step's) travels in one collective: the tensors are
+packed into a single byte buffer, gathered (or, for values only, summed), and unpacked per replica.
+Byte counts follow the ring algorithms gloo and NCCL use: an all-gather puts ``(R - 1) * payload``
+bytes on each rank's link, an all-reduce ``2 * (R - 1) / R * buffer``.
 
-Timing: collectives are issued with ``async_op=True``. On CUDA a pair of events brackets each one on
-the current stream and is read only when the optimizer's ``pop_exchange_seconds`` is called (at
-logging time), so timing adds no host sync to the step; on CPU (gloo) the host clock brackets issue and wait.
+Collectives are issued with ``async_op=True`` and return a :class:`Pending`; its ``wait()`` is what
+the step is exposed to. Timing measures that wait: on CUDA a pair of events brackets it on the current
+stream (read once they have completed, never by a sync inside the step); on CPU (gloo) the host clock.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def all_gather_into(output: Tensor, tensor: Tensor, group: dist.ProcessGroup | N
 
 def exchange_bytes(
     replicator: str, local_shapes: list[tuple[int, ...]], replicas: int, *, rate: float | None, topk: int | None,
-    chunk: int, value_bytes: int = 2,
+    chunk: int, value_bytes: int = 2, timing: bool = False,
 ) -> int:
     """Bytes one rank sends per optimizer step with ``replicator``, from its local shard shapes.
 
@@ -79,6 +79,10 @@ def exchange_bytes(
     * ``random``: all-reduce of the values (+ one flag value): ``2 (R - 1) / R * kept * value_bytes``;
     * ``full``: all-reduce of the fp32 momentum (+ the flag): ``2 (R - 1) / R * numel * 4``;
     * ``none`` or one replica: nothing.
+
+    ``timing``: the payload also carries this rank's step-time fraction (``budget_fraction``): 4 bytes
+    in ``demo``'s all-gather, one more value in an all-reduce. One collective per step (``overlap``
+    ``"none"`` or ``"delayed"``); ``"backward"`` adds the trailer once per exchange bucket.
     """
     if replicas == 1 or replicator == "none":
         return 0
@@ -91,11 +95,12 @@ def exchange_bytes(
         kept += count
         numel += math.prod(shape)
         index_bytes += count * index_dtype(layout.block_numel).itemsize
+    trailer = 1 + int(timing)  # the non-finite flag, the timing
     if replicator == "demo":
-        return (replicas - 1) * (index_bytes + kept * value_bytes + 1)
+        return (replicas - 1) * (index_bytes + kept * value_bytes + 1 + 4 * int(timing))
     if replicator == "random":
-        return dense_allreduce_bytes(kept + 1, replicas, value_bytes)
-    return dense_allreduce_bytes(numel + 1, replicas, 4)
+        return dense_allreduce_bytes(kept + trailer, replicas, value_bytes)
+    return dense_allreduce_bytes(numel + trailer, replicas, 4)
 
 
 def pack(tensors: list[Tensor]) -> Tensor:
@@ -115,10 +120,11 @@ def unpack(buffers: Tensor, like: list[Tensor]) -> list[Tensor]:
 
 
 class _Timer:
-    """Seconds spent in collectives, without a host sync on CUDA (events are read lazily)."""
+    """Seconds the step waited for collectives, without a host sync on CUDA (events are read lazily)."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
+        self._settled = 0.0  # part of ``seconds`` already returned by ``settle``
         self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
 
     @contextlib.contextmanager
@@ -134,14 +140,39 @@ class _Timer:
             yield
             self.seconds += time.perf_counter() - begin
 
+    def _read(self) -> None:
+        self.seconds += sum(start.elapsed_time(end) for start, end in self._events) / 1000.0
+        self._events.clear()
+
+    def settle(self) -> float:
+        """Seconds measured since the last ``settle``. Call it only after a host sync that followed the
+        measured waits (the step's skip decision): the events have completed, so reading them does not block."""
+        self._read()
+        seconds, self._settled = self.seconds - self._settled, self.seconds
+        return seconds
+
     def pop(self) -> float:
         """Seconds measured since the last call (synchronises on the last CUDA event, if any)."""
         if self._events:
             self._events[-1][1].synchronize()
-            self.seconds += sum(start.elapsed_time(end) for start, end in self._events) / 1000.0
-            self._events.clear()
-        seconds, self.seconds = self.seconds, 0.0
+        self._read()
+        seconds, self.seconds, self._settled = self.seconds, 0.0, 0.0
         return seconds
+
+
+class Pending:
+    """An issued collective; :meth:`wait` returns its result (timed and explained on failure)."""
+
+    def __init__(self, work: dist.Work | None, result: Tensor, timer: _Timer, what: str,
+                 group: dist.ProcessGroup | None) -> None:
+        self.work, self.result, self.timer, self.what, self.group = work, result, timer, what, group
+
+    def wait(self) -> Tensor:
+        if self.work is not None:
+            with self.timer.measure(self.result.device), explained(self.what, self.group):
+                self.work.wait()
+            self.work = None
+        return self.result
 
 
 class ReplicateGroup:
@@ -152,24 +183,26 @@ class ReplicateGroup:
         self.size = 1 if group is None else dist.get_world_size(group)
         self.timer = _Timer()
 
-    def all_gather(self, buffer: Tensor, stats: CommStats) -> Tensor:
-        """Every replica's 1-D ``buffer`` (same size everywhere) as the rows of an ``(R, n)`` tensor."""
+    def all_gather(self, buffer: Tensor, stats: CommStats) -> Pending:
+        """Start gathering every replica's 1-D ``buffer`` (same size everywhere): rows of an ``(R, n)`` tensor."""
+        what = "all-gather of the momentum payload"
         if self.size == 1:
-            return buffer.unsqueeze(0)
+            return Pending(None, buffer.unsqueeze(0), self.timer, what, self.group)
         gathered = buffer.new_empty(self.size * buffer.numel())
-        with self.timer.measure(buffer.device), explained("all-gather of the momentum payload", self.group):
-            all_gather_into(gathered, buffer, self.group, async_op=True).wait()
+        with explained(what, self.group):
+            work = all_gather_into(gathered, buffer, self.group, async_op=True)
         self._count(stats, (self.size - 1) * buffer.numel() * buffer.element_size())
-        return gathered.view(self.size, -1)
+        return Pending(work, gathered.view(self.size, -1), self.timer, what, self.group)
 
-    def all_reduce(self, buffer: Tensor, stats: CommStats) -> Tensor:
-        """Sum of ``buffer`` over the replicas, in place."""
+    def all_reduce(self, buffer: Tensor, stats: CommStats) -> Pending:
+        """Start summing ``buffer`` over the replicas, in place."""
+        what = "all-reduce of the momentum payload"
         if self.size == 1:
-            return buffer
-        with self.timer.measure(buffer.device), explained("all-reduce of the momentum payload", self.group):
-            dist.all_reduce(buffer, op=dist.ReduceOp.SUM, group=self.group, async_op=True).wait()
+            return Pending(None, buffer, self.timer, what, self.group)
+        with explained(what, self.group):
+            work = dist.all_reduce(buffer, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
         self._count(stats, dense_allreduce_bytes(buffer.numel(), self.size, buffer.element_size()))
-        return buffer
+        return Pending(work, buffer, self.timer, what, self.group)
 
     @staticmethod
     def _count(stats: CommStats, sent: int) -> None:

@@ -103,6 +103,11 @@ class FlexDeMoTrainer(Trainer):
         if launched != args.world_size:
             raise ValueError(f"{launched} processes were launched but TrainingArguments sees {args.world_size}: "
                              "on a machine without GPUs pass use_cpu=True (--use_cpu) so they run on gloo.")
+        if self.flexdemo_config.method != "adamw" and self.flexdemo_config.overlap == "backward" and args.max_grad_norm:
+            raise ValueError(f"max_grad_norm={args.max_grad_norm} with overlap='backward': the exchange starts during "
+                             "backward, before Trainer clips the gradients, so clipping would not reach it. Accepted: "
+                             "max_grad_norm=0 (--max_grad_norm 0) with overlap='backward', or overlap='none' | "
+                             "'delayed' with clipping.")
         if self.flexdemo_config.method != "adamw" and kwargs.get("optimizer_cls_and_kwargs") is not None:
             raise ValueError("optimizer_cls_and_kwargs is not accepted with method='flexdemo'/'demo': the "
                              "optimizer is FlexDeMo, configured by flexdemo_config.")

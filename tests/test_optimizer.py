@@ -32,6 +32,14 @@ def _params(dtype=torch.float32):
         ({"value_dtype": "float16"}, "value_dtype", "bfloat16 | float32"),
         ({"betas": (0.9, 1.0)}, "betas", "[0, 1)"),
         ({"eps": 0.0}, "eps", "> 0"),
+        ({"overlap": "async"}, "overlap", "none | backward | delayed"),
+        ({"bucket_cap_mb": 0}, "bucket_cap_mb", "> 0"),
+        ({"budget_bytes": 0}, "budget_bytes", "integer > 0"),
+        ({"budget_fraction": 1.0}, "budget_fraction", "(0, 1)"),
+        ({"budget_min_rate": 0.5, "budget_max_rate": 0.25}, "budget_min_rate, budget_max_rate", "<= budget_max_rate"),
+        ({"budget_bytes": 10, "budget_fraction": 0.1}, "budget_bytes, budget_fraction", "one of them"),
+        ({"budget_fraction": 0.1, "compression_topk": 4}, "compression_topk", "None with a budget"),
+        ({"budget_fraction": 0.1, "replicator": "full"}, "replicator", "'demo' | 'random' with a budget"),
     ],
 )
 def test_invalid_arguments_name_field_and_accepted_values(kwargs, field, accepted):
@@ -59,7 +67,7 @@ def test_state_is_lazy_and_per_parameter():
     state = opt.state_dict()["state"]
     assert set(state) == {0, 1}
     assert set(state[0]) == {"step", "delta", "exp_avg", "exp_avg_sq"}
-    assert opt.state_dict()["flexdemo"] == {"steps": 1, "skipped_steps": 0}
+    assert opt.state_dict()["flexdemo"] == {"steps": 1, "skipped_steps": 0, "rate": None, "pending": None}
     assert {"compression_rate", "compression_chunk", "replicator", "drift_check_every"} <= set(
         opt.state_dict()["param_groups"][0])
     assert all(isinstance(k, torch.Tensor) for k in opt.state)  # only parameters key the state
@@ -86,3 +94,22 @@ def test_single_node_has_no_traffic_and_none_replicator_needs_one_node():
     opt.step()
     assert opt.comm_stats["bytes_sent"] == 0 and opt.comm_stats["collectives"] == 0
     assert not torch.equal(before, model.weight)
+
+
+@pytest.mark.parametrize("update", ["sgd", "rmsprop", "sign"])
+def test_delayed_application_is_the_synchronous_update_one_step_late(update):
+    """With a gradient that does not depend on the parameters, delayed application after n steps is exactly
+    the synchronous optimizer after n - 1: the same momentum chain, each consensus applied one step later."""
+    gradient = torch.randn(16, 24, generator=torch.Generator().manual_seed(0))
+
+    def trained(overlap: str, steps: int) -> torch.Tensor:
+        weight = nn.Parameter(torch.zeros(16, 24))
+        opt = FlexDeMo([weight], lr=1e-2, replicator="none", update=update, overlap=overlap, drift_check_every=0)
+        for _ in range(steps):
+            weight.grad = gradient.clone()
+            opt.step()
+        return weight.detach()
+
+    assert torch.equal(trained("delayed", 1), torch.zeros(16, 24))
+    for steps in (2, 5):
+        assert torch.equal(trained("delayed", steps), trained("none", steps - 1))

@@ -22,6 +22,13 @@ def test_fp16_is_refused_before_anything_is_built(tmp_path):
         FlexDeMoTrainer(model=tiny_t5(), args=_args(tmp_path, fp16=True))
 
 
+def test_overlap_in_backward_refuses_gradient_clipping_it_would_skip(tmp_path):
+    config = FlexDeMoConfig(overlap="backward")
+    with pytest.raises(ValueError, match=r"max_grad_norm=1.0 with overlap='backward'.*Accepted: max_grad_norm=0"):
+        FlexDeMoTrainer(model=tiny_t5(), args=_args(tmp_path), flexdemo_config=config)
+    FlexDeMoTrainer(model=tiny_t5(), args=_args(tmp_path, max_grad_norm=0.0), flexdemo_config=config)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [({"method": "sgd"}, "method='sgd'; accepted: flexdemo | demo | adamw"),

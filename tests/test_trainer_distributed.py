@@ -107,6 +107,22 @@ def test_gradient_accumulation_matches_a_larger_batch(tmp_path):
     assert all(got[step] == pytest.approx(want[step], rel=bound) for step in want)
 
 
+def test_overlap_under_the_trainer_exchanges_once_per_step_with_accumulation(tmp_path):
+    """2 nodes x 2, gradient accumulation 2: Trainer skips FSDP2's gradient sync on the first micro-batch
+    (Accelerate's no_sync), so each bucket's exchange starts once, during the last backward. Parameters
+    equal those of the exchange in step() (``torch.equal``)."""
+    common = ["--steps", "3", "--batch", "2", "--ga", "2", "--topk", "0", "--update", "rmsprop",
+              "--bucket_cap_mb", "0.02"]
+    runs = {overlap: run_worker("trainer_worker", 4, tmp_path / overlap, "--output_dir", str(tmp_path / overlap / "r"),
+                                "--overlap", overlap, *common)
+            for overlap in ("none", "backward")}
+    for plain, overlapped in zip(runs["none"], runs["backward"]):
+        assert plain["comm_stats"]["collectives"] == 1
+        assert overlapped["comm_stats"]["collectives"] > 2  # one per bucket
+        for name, value in plain["params"].items():
+            assert torch.equal(value, overlapped["params"][name]), name
+
+
 def test_accelerate_launch_reads_the_topology_from_the_yaml(tmp_path):
     config = WORKERS.parents[1] / "accelerate_configs" / "cpu_2x2.yaml"
     args = ["--out", str(tmp_path), "--output_dir", str(tmp_path / "run"), "--steps", "5", "--shard_size", "0"]

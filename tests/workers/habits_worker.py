@@ -171,8 +171,11 @@ def case_empty_rank(args) -> dict:
             "params": [full(p) for p in model.parameters()], "collectives": opt.comm_stats["collectives"]}
 
 
-def main() -> None:
-    """``--case name,key=value,...`` (repeatable): run each case, save ``{case string: result}``."""
+def main(cases: dict | None = None, defaults: dict | None = None) -> None:
+    """``--case name,key=value,...`` (repeatable): run ``case_<name>`` of ``cases`` (default: this module's)
+    with ``defaults`` overridden by the keys, save ``{case string: result}``."""
+    cases = cases or globals()
+    defaults = defaults or {"replicator": "demo", "update": "sign", "topology": "2x2"}
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--case", action="append", required=True)
@@ -181,8 +184,8 @@ def main() -> None:
     results = {}
     for spec in args.case:
         name, *options = spec.split(",")
-        options = {"replicator": "demo", "update": "sign", "topology": "2x2", **dict(o.split("=") for o in options)}
-        results[spec] = globals()[f"case_{name}"](argparse.Namespace(**options))
+        options = {**defaults, **dict(o.split("=") for o in options)}
+        results[spec] = cases[f"case_{name}"](argparse.Namespace(**options))
     torch.save(results, args.out / f"rank{dist.get_rank()}.pt")
     dist.barrier()
     dist.destroy_process_group()

@@ -43,9 +43,11 @@ def main() -> None:
     parser.add_argument("--bf16", action="store_true")
     parser.add_argument("--fp16", action="store_true")
     parser.add_argument("--final_save", action="store_true")
-    parser.add_argument("--topk", type=int, default=4)
+    parser.add_argument("--topk", type=int, default=4, help="0: the package default rate")
     parser.add_argument("--update", default="sign")
     parser.add_argument("--logging_steps", type=int, default=5)
+    parser.add_argument("--overlap", default="none")
+    parser.add_argument("--bucket_cap_mb", type=float, default=25.0)
     args = parser.parse_args()
 
     training_args = TrainingArguments(
@@ -56,8 +58,9 @@ def main() -> None:
         report_to=[], seed=0, data_seed=0, max_grad_norm=0.0, bf16=args.bf16, fp16=args.fp16,
         dataloader_drop_last=True, disable_tqdm=True,
     )
-    config = FlexDeMoConfig(method=args.method, compression_topk=args.topk, compression_chunk=8, update=args.update,
-                            shard_size=args.shard_size or None)
+    config = FlexDeMoConfig(method=args.method, compression_topk=args.topk or None, compression_chunk=8,
+                            update=args.update, shard_size=args.shard_size or None, overlap=args.overlap,
+                            bucket_cap_mb=args.bucket_cap_mb)
     model = tiny_t5()
     trainer = FlexDeMoTrainer(model=model, args=training_args, train_dataset=reverse_task(512),
                               flexdemo_config=config)
