@@ -86,7 +86,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--links", nargs="+", type=link_rate, help="Mbit/s values or 'unlimited'")
     parser.add_argument("--latency-ms", type=float, default=0.0, help="one-way netem delay on each end")
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(DEFAULT_METHODS),
-                        help="default: all but flexdemo_budget_delayed")
+                        help="default: all but flexdemo_budget_backward/_delayed")
     parser.add_argument("--model", choices=sorted(MODEL_SHAPES))
     parser.add_argument("--batch-size", type=int, help="sequences per rank per step")
     parser.add_argument("--src-len", type=int)

@@ -33,8 +33,8 @@ from hf_flexdemo.replicate import dense_allreduce_bytes
 from hf_flexdemo.tiny_t5 import T5_VOCAB_SIZE, named_t5_config
 
 METHODS = ("adamw", "demo", "flexdemo", "flexdemo_backward", "flexdemo_delayed", "flexdemo_random",
-           "flexdemo_budget", "flexdemo_full", "compute_only", "flexdemo_budget_delayed")
-DEFAULT_METHODS = METHODS[:-1]  # flexdemo_budget_delayed (time budget + overlap="delayed") on request only
+           "flexdemo_budget", "flexdemo_full", "compute_only", "flexdemo_budget_backward", "flexdemo_budget_delayed")
+DEFAULT_METHODS = METHODS[:-2]  # the time budget with overlap="backward" / "delayed": on request only
 # --model -> (configuration name of hf_flexdemo.tiny_t5, where the published shapes are; vocabulary size)
 MODEL_SHAPES = {"t5-small": ("t5-small", T5_VOCAB_SIZE), "t5-tiny": ("tiny", 4096)}
 NODES = 2
@@ -68,6 +68,8 @@ def flexdemo_options(method: str, args: argparse.Namespace) -> dict[str, object]
         "flexdemo_delayed": {"overlap": "delayed"},
         "flexdemo_random": {"replicator": "random"},
         "flexdemo_budget": {"budget_fraction": args.budget_fraction},
+        "flexdemo_budget_backward": {"budget_fraction": args.budget_fraction, "overlap": "backward"}
+        | ({} if args.bucket_cap_mb is None else {"bucket_cap_mb": args.bucket_cap_mb}),
         "flexdemo_budget_delayed": {"budget_fraction": args.budget_fraction, "overlap": "delayed"},
         "flexdemo_full": {"replicator": "full"},
         "compute_only": {"replicator": "none"},
