@@ -94,6 +94,14 @@ def train(model: nn.Module, opt: FlexDeMo, steps: range, logs: list | None = Non
         opt.zero_grad()
 
 
+def through_bytes(state: dict) -> dict:
+    """``state`` saved with ``torch.save`` and loaded back, as a checkpoint would be."""
+    blob = io.BytesIO()
+    torch.save(state, blob)
+    blob.seek(0)
+    return torch.load(blob, weights_only=True)
+
+
 def sharded(shard_size: int = 2) -> tuple[nn.Module, dist.ProcessGroup]:
     mesh = build_hybrid_mesh(shard_size=shard_size)
     model = tiny_t5()
@@ -143,11 +151,8 @@ def case_resume_drift(args) -> dict:
     model, group = sharded()
     first = FlexDeMo(model.parameters(), replicate_group=group, **kwargs)
     train(model, first, range(5))
-    blob = io.BytesIO()
-    torch.save(first.state_dict(), blob)
-    blob.seek(0)
     resumed = FlexDeMo(model.parameters(), replicate_group=group, lr=1.0, drift_check_every=1000)
-    resumed.load_state_dict(torch.load(blob, weights_only=True))
+    resumed.load_state_dict(through_bytes(first.state_dict()))
     resumed_checks = checked_steps(resumed)
     train(model, resumed, range(5, 8))
     return {"straight_checks": straight_checks, "resumed_checks": resumed_checks,

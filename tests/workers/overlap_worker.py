@@ -6,11 +6,9 @@ and without overlap, the collectives issued during backward and during step(), t
 
 from __future__ import annotations
 
-import io
-
 import torch
 import torch.distributed as dist
-from habits_worker import batch, full, main, observed, sharded
+from habits_worker import batch, full, main, observed, sharded, through_bytes
 from torch import nn
 
 from hf_flexdemo import FlexDeMo
@@ -84,10 +82,7 @@ def case_delayed(args) -> dict:
     model, group = sharded()
     first = FlexDeMo(model.parameters(), replicate_group=group, **kwargs)
     train(model, first, range(5))
-    blob = io.BytesIO()
-    torch.save(first.state_dict(), blob)
-    blob.seek(0)
-    saved = torch.load(blob, weights_only=True)
+    saved = through_bytes(first.state_dict())
     resumed = FlexDeMo(model.parameters(), replicate_group=group, lr=1.0)
     resumed.load_state_dict(saved)
     train(model, resumed, range(5, 8))
