@@ -252,21 +252,22 @@ def targets(table: list[dict[str, object]]) -> dict[str, object]:
                                                 "met": per_variant[best]["met"]},
         }
 
+    def paired(link: float, method: str, reference: str) -> tuple[tuple[float, float] | None, str | None]:
+        """The median steps of ``method`` and ``reference`` at ``link``, or why there are none."""
+        if (link, method) not in steps or (link, reference) not in steps:
+            return None, f"{method} or {reference} not run at {link_label(link)}"
+        step, other = steps[(link, method)], steps[(link, reference)]
+        if step is None or other is None:
+            return None, f"{method} or {reference} failed at {link_label(link)}"
+        return (step, other), None
+
     def overhead(link: float, method: str) -> tuple[float | None, str | None]:
-        step, reference = steps.get((link, method)), steps.get((link, "compute_only"))
-        if (link, method) not in steps or (link, "compute_only") not in steps:
-            return None, f"{method} or compute_only not run at {link_label(link)}"
-        if step is None or reference is None:
-            return None, f"{method} or compute_only failed at {link_label(link)}"
-        return step / reference, None
+        pair, reason = paired(link, method, "compute_only")
+        return (pair[0] / pair[1] if pair else None), reason
 
     def speedup(link: float, method: str) -> tuple[float | None, str | None]:
-        step, adamw = steps.get((link, method)), steps.get((link, "adamw"))
-        if (link, method) not in steps or (link, "adamw") not in steps:
-            return None, f"{method} or adamw not run at {link_label(link)}"
-        if step is None or adamw is None:
-            return None, f"{method} or adamw failed at {link_label(link)}"
-        return adamw / step, None
+        pair, reason = paired(link, method, "adamw")
+        return (pair[1] / pair[0] if pair else None), reason
 
     return {
         "step_over_compute_only": target(

@@ -321,11 +321,11 @@ class FlexDeMo(Optimizer):
             self._rate = min(max(compression_rate or DEFAULT_RATE, budget_min_rate), budget_max_rate)
         self._stats = CommStats()  # the step being built (backward hooks count into it too)
         self._plan: list[_Bucket] | None = None
+        self._dense_bytes = 0  # a dense fp32 all-reduce of the trainable shards: set with the plan
         self._bucket_of: dict[int, _Bucket] = {}
         self._next_launch = 0  # buckets are launched in plan order, so every replica issues the same sequence
         self._in_flight: list[_Exchange] = []
         self._local_flags: list[Tensor] = []  # this rank's own non-finite flags of the step in flight
-        self._skip_here = False
         self._pending: dict[str, Any] | None = None  # overlap="delayed": the resolved consensus awaiting its step
         self._timing = torch.full((1,), -1.0, device=self._device)  # the last step's waited fraction (budget)
         self._last_step_end: float | None = None
@@ -434,6 +434,8 @@ class FlexDeMo(Optimizer):
             bucket = _Bucket([p for _, p in bucket_members], list(stacks.values()), hooked)
             self._plan.append(bucket)
             self._bucket_of.update({id(p): bucket for _, p in bucket_members})
+        self._dense_bytes = dense_allreduce_bytes(sum(s.delta.numel() for b in self._plan for s in b.stacks),
+                                                  self.replicate.size)  # AdamW-HSDP's, for the traffic ratio
         if knobs["budget_bytes"] is not None:
             self._rate = budget.rate_for_bytes(self._bytes_at, knobs["budget_bytes"], knobs["budget_min_rate"],
                                                knobs["budget_max_rate"])
@@ -528,7 +530,9 @@ class FlexDeMo(Optimizer):
     def _resolve_and_apply(self, knobs: dict[str, Any]) -> None:
         """Wait for this step's exchanges, decide, then decode and apply stack by stack."""
         stacks, received, flag, timing = self._finish()
-        if self._decide(flag, timing, knobs):
+        skip, here = self._decide(flag, timing, knobs)
+        if skip:
+            self._skip(knobs["on_nonfinite"], self.steps, here)
             self._discard(stacks)
             return
         for stack, payload in zip(stacks, received):
@@ -543,7 +547,7 @@ class FlexDeMo(Optimizer):
         the candidate momentum as per-parameter state until the step that applies them."""
         knobs = self.param_groups[0]
         stacks, received, flag, timing = self._finish()
-        skip = self._decide(flag, timing, knobs)
+        skip, here = self._decide(flag, timing, knobs)
         for stack, payload in zip(stacks, received):
             if not skip:
                 with record_function("FlexDeMo::decode"):
@@ -552,7 +556,7 @@ class FlexDeMo(Optimizer):
                     state["pending_update"] = row
             for state, row in zip(stack.states, stack.momentum.unbind(0)):
                 state["pending_delta"] = row
-        self._pending = {"skip": skip, "here": self._skip_here, "lrs": [stack.lr for stack in stacks],
+        self._pending = {"skip": skip, "here": here, "lrs": [stack.lr for stack in stacks],
                          "step": self.steps - 1}
 
     def _apply_pending(self, knobs: dict[str, Any]) -> None:
@@ -564,19 +568,18 @@ class FlexDeMo(Optimizer):
         if pending["skip"]:
             self._skip(knobs["on_nonfinite"], pending["step"], pending["here"])
             self._discard(stacks)
-        for stack in stacks:
-            if not pending["skip"]:
+        else:
+            for stack in stacks:
                 with record_function("FlexDeMo::apply"):
                     self._commit(stack, spent=knobs["replicator"] == "full")
                     self._apply(stack, _stack_rows(stack.states, "pending_update"), stack.lr)
-            for state in stack.states:
-                state.pop("pending_delta")
-                state.pop("pending_update", None)
+        for state in (state for stack in stacks for state in stack.states):
+            state.pop("pending_delta")
+            state.pop("pending_update", None)
 
     def _end_step(self, plan: list[_Bucket]) -> None:
         self.steps += 1
-        stacks = [s for b in plan for s in b.stacks]
-        self._stats.dense_bytes = dense_allreduce_bytes(sum(s.delta.numel() for s in stacks), self.replicate.size)
+        self._stats.dense_bytes = self._dense_bytes
         self.comm_stats, self._stats = self._stats.as_dict(), CommStats()
         for bucket in plan:
             bucket.launched = False
@@ -691,8 +694,9 @@ class FlexDeMo(Optimizer):
         self._in_flight = []
         return stacks, received, torch.stack(flags).any(), timings[0]
 
-    def _decide(self, flag: Tensor, timing: Tensor | None, knobs: dict[str, Any]) -> bool:
-        """The step's one host sync: skip or not, the same on every rank (and a time budget's next rate)."""
+    def _decide(self, flag: Tensor, timing: Tensor | None, knobs: dict[str, Any]) -> tuple[bool, bool]:
+        """The step's one host sync: skip or not, the same on every rank (and a time budget's next rate);
+        with it, on the skip path only, whether this rank's own gradient was the non-finite one."""
         signal = flag.to(torch.float32).reshape(1)
         if timing is not None:
             signal = torch.cat([signal, timing.reshape(1)])
@@ -706,10 +710,7 @@ class FlexDeMo(Optimizer):
                                           knobs["budget_max_rate"])
         here = bool(torch.stack(self._local_flags).any()) if skip else False  # a second sync on the skip path only
         self._local_flags = []
-        if skip and knobs["overlap"] != "delayed":
-            self._skip(knobs["on_nonfinite"], self.steps, here)
-        self._skip_here = here
-        return bool(skip)
+        return bool(skip), here
 
     def _decode(self, stack: _Stack, received: Any, knobs: dict[str, Any]) -> Tensor:
         """``Q`` of the stack, ``(P, *shape)`` in float32, the same on every replica."""
