@@ -6,8 +6,10 @@ gradients (seeded per rank) on its parameters and times ``optimizer.step()`` alo
 barrier before each step. A step's time is the slowest rank's. Methods, in this order:
 
 * ``adamw``: ``torch.optim.AdamW`` with torch's defaults, local (no communication);
-* ``flexdemo``: ``FlexDeMo`` at the package defaults (sign, rate ``DEFAULT_RATE`` of ``DEFAULT_CHUNK``-sided blocks,
-  bf16 values), plain tensors, the 2 ranks are 2 replicas (shard size 1, replicate group = world: DDP style);
+* ``flexdemo``: ``FlexDeMo`` at the package defaults (its default update rule, rate ``DEFAULT_RATE`` of
+  ``DEFAULT_CHUNK``-sided blocks, bf16 values), plain tensors, the 2 ranks are 2 replicas (shard size 1, replicate
+  group = world: DDP style); after the timed steps, one more step runs under ``torch.profiler`` on rank 0: the
+  time of each ``FlexDeMo::`` phase and of the costliest operators go in the JSON (``profile_flexdemo_rank0``);
 * ``reference``: PyPI ``detonation`` 0.5.2, ``DeToSGD`` + ``DeMoReplicator`` at the same density (top-k
   ``DEFAULT_RATE * DEFAULT_CHUNK**2`` of each block) in DDP mode
   (a size-1 sharding group per rank, replication group = world);
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import inspect
 import json
 import os
 import shlex
@@ -148,6 +151,7 @@ def measure(method: str, args: argparse.Namespace) -> dict[str, Any]:
             elapsed = time.perf_counter() - start
         if step >= args.warmup:
             times.append(elapsed)
+    profile = profiled_step(optimizer, params, grads) if method == "flexdemo" else None
     if method.startswith("flexdemo"):
         stats = optimizer.comm_stats
         sent = {key: stats[key] for key in ("bytes_sent", "collectives", "coefficients")}
@@ -156,7 +160,23 @@ def measure(method: str, args: argparse.Namespace) -> dict[str, Any]:
     elif method == "reference":
         sent["replicator_data_transmitted_per_peer"] = replicator.data_transmitted[0]
     numel = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in params)
-    return {"seconds": times, "traffic": sent, "local_numel": numel, "patches": patches}
+    return {"seconds": times, "traffic": sent, "local_numel": numel, "patches": patches, "profile": profile}
+
+
+def profiled_step(optimizer: torch.optim.Optimizer, params: list[Tensor], grads: list[Tensor]) -> dict[str, Any]:
+    """One more step under ``torch.profiler``: seconds per ``FlexDeMo::`` phase (inclusive) and the costliest
+    operators (self time), to show where the step goes."""
+    for param, grad in zip(params, grads):
+        param.grad = grad
+    dist.barrier()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        optimizer.step()
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events) / 1e6
+    operators = sorted((e for e in events if e.key.startswith("aten::")), key=lambda e: -e.self_cpu_time_total)
+    return {"total_s": total,
+            "phases_s": {e.key: e.cpu_time_total / 1e6 for e in events if e.key.startswith("FlexDeMo::")},
+            "operators_self_s": {e.key: e.self_cpu_time_total / 1e6 for e in operators[:8]}}
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -247,13 +267,14 @@ def driver(args: argparse.Namespace) -> None:
         "warmup_steps": args.warmup,
         "timed_steps": args.steps,
         "settings": {"lr": LR, "compression_rate": DEFAULT_RATE, "compression_chunk": CHUNK, "reference_topk": TOPK,
-                     "flexdemo_update": "sign",
+                     "flexdemo_update": inspect.signature(FlexDeMo).parameters["update"].default,
                      "flexdemo_value_dtype": "bfloat16",
                      "adamw": "torch.optim.AdamW defaults (on CPU: the for-loop implementation)"},
         "timing": "optimizer.step() wall time after a barrier; per step the slowest rank; median and IQR over steps",
         "bytes_sent": "per rank and step, (R - 1) x the rank's all-gather input (ring), R = replicas; "
                       "flexdemo: comm_stats['bytes_sent']; reference: counted at dist.all_gather",
         "reference_patches": ranks["reference"][0]["patches"],
+        "profile_flexdemo_rank0": ranks["flexdemo"][0]["profile"],
         "methods": methods,
         "ratios": ratios,
         "targets": targets,

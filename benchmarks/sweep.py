@@ -34,7 +34,7 @@ LONG = [*QUICK, "--max_steps", "1000", "--eval_steps", "100", "--warmup_steps", 
 OLD_DEFAULT = {"compression_topk": 4, "compression_chunk": 64}  # the first release: 4 of 64 x 64 = 1/1024
 V2 = {"momentum": "ema", "compression_feedback": 0.2, "update": "sign"}  # DeMo's second version (arXiv 2411.19870v2)
 RULE = {"update": "rmsprop"}  # the update rule the long runs picked (grid "levers")
-TRAINING_KNOBS = ("adam_beta1",)  # TrainingArguments fields: convergence.py flags, not FlexDeMoConfig fields
+TRAINING_KNOBS = ("adam_beta1", "seed")  # TrainingArguments fields: convergence.py flags, not FlexDeMoConfig fields
 
 
 def _run(method: str, lr: float, **knobs: Any) -> dict[str, Any]:
@@ -56,6 +56,8 @@ GRIDS: dict[str, dict[str, Any]] = {
             *(_run("flexdemo", lr, compression_rate=1 / 8, compression_chunk=8, **RULE) for lr in (1e-3, 1e-2)),
             _run("flexdemo", 3e-3, compression_rate=1 / 16, compression_chunk=8, replicator="random", **RULE),
             _run("demo", 3e-3, compression_rate=1 / 16, compression_chunk=8, **RULE),
+            # the long runs' best rule (grid "levers": momentum="ema", lr 2e-3) at 300 steps
+            _run("flexdemo", 2e-3, compression_rate=1 / 8, compression_chunk=8, momentum="ema", **RULE),
         ],
     },
     "levers": {
@@ -74,6 +76,26 @@ GRIDS: dict[str, dict[str, Any]] = {
             _run("flexdemo", 1e-3, compression_rate=1 / 8, compression_chunk=8, **RULE),
             _run("flexdemo", 6e-3, compression_rate=1 / 8, compression_chunk=8, **RULE),
             _run("flexdemo", 3e-3, compression_rate=1 / 4, compression_chunk=8, **RULE),
+            # probes: a first moment without stale residuals rescaled by a decayed lr (momentum="ema"), on the
+            # consensus (AdamW on Q) or in the momentum (error feedback alpha < 1 keeps what was sent)
+            _run("flexdemo", 3e-3, compression_rate=1 / 8, compression_chunk=8, momentum="ema", update="adamw"),
+            _run("flexdemo", 3e-3, compression_rate=1 / 8, compression_chunk=8, momentum="ema", **RULE),
+            _run("flexdemo", 3e-3, compression_rate=1 / 8, compression_chunk=8, momentum="ema",
+                 compression_feedback=0.1, **RULE),
+            # probe: AdamW's own direction m / (sqrt(v) + eps) of each replica's gradient is what the error-feedback
+            # momentum accumulates and the payload carries; the step applies the consensus as it is
+            _run("flexdemo", 3e-3, compression_rate=1 / 8, compression_chunk=8, momentum="adam", update="sgd"),
+            # ... fast early, then a plateau: a smaller step for the delayed (error-feedback) update
+            _run("flexdemo", 1.5e-3, compression_rate=1 / 8, compression_chunk=8, momentum="adam", update="sgd"),
+            _run("flexdemo", 4e-3, compression_rate=1 / 8, compression_chunk=8, momentum="ema", **RULE),
+            # probe: AdamW's first moment before the error feedback, its second moment after the consensus
+            _run("flexdemo", 3e-3, compression_rate=1 / 8, compression_chunk=8, momentum="avg", **RULE),
+            _run("flexdemo", 2e-3, compression_rate=1 / 8, compression_chunk=8, momentum="ema", **RULE),
+            _run("flexdemo", 3e-3, replicator="full", momentum="avg", **RULE),  # ... and without compression
+            _run("flexdemo", 1.5e-3, compression_rate=1 / 8, compression_chunk=8, momentum="ema", **RULE),
+            # how much of a difference is the seed's: AdamW and the defaults again from another initialisation
+            _run("adamw", 3e-3, seed=7),
+            _run("flexdemo", 3e-3, compression_rate=1 / 8, compression_chunk=8, seed=7, **RULE),
         ],
     },
     # At the package defaults: "delayed" is one step stale. ("backward" is "none"'s update, bit for bit, tested
@@ -124,7 +146,7 @@ def plot(rows: list[dict[str, Any]], title: str, path: Path) -> None:
             continue
         if r["method"] == "adamw":
             axes.axhline(r["final_eval_loss"], color="black", linestyle="--",
-                         label=f"adamw (HSDP, {r['bytes_per_step']:.3g} B/step)")
+                         label=f"{r['key']} (HSDP, {r['bytes_per_step']:.3g} B/step)")
             continue
         marker = {"flexdemo": "o", "demo": "s"}[r["method"]]
         axes.scatter(r["bytes_per_step"], r["final_eval_loss"], marker=marker)
@@ -172,10 +194,13 @@ def main() -> None:
                                    **result}
             out.write_text(json.dumps(report, indent=1))
     rows = []
-    reference = next((r["final_eval_loss"] for r in report["runs"].values()
-                      if r["method"] == "adamw" and r["status"] == "ok"), None)
+    references = {}  # AdamW's final loss per seed: a run's gap is against AdamW from the same initialisation
+    for r in report["runs"].values():
+        if r["method"] == "adamw" and r["status"] == "ok":
+            references.setdefault(r["knobs"].get("seed"), r["final_eval_loss"])
     for key, r in report["runs"].items():
         row = {"key": key, "method": r["method"], "status": r["status"]}
+        reference = references.get(r["knobs"].get("seed"))
         if r["status"] == "ok":
             row |= {"final_eval_loss": r["final_eval_loss"], "bytes_per_step": r["bytes_sent"]["per_step"],
                     "train_wall_seconds": r["train_wall_seconds"],

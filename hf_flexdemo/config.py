@@ -53,7 +53,8 @@ class FlexDeMoConfig:
         default=1.0, metadata={"help": "Fraction of the sent signal error feedback removes from the momentum."}
     )
     momentum: Momentum = field(
-        default="lr", metadata={"help": "A gradient enters the momentum as lr * g (lr) or (1 - decay) * g (ema)."}
+        default="lr", metadata={"help": "A gradient enters the momentum as lr * g (lr), (1 - decay) * g (ema), or "
+                                        "AdamW's first moment (avg) or direction m / (sqrt(v) + eps) (adam)."}
     )
     update: Update = field(default="rmsprop", metadata={"help": "Update rule."})
     replicator: Replicator = field(default="demo", metadata={"help": "Cross-node exchange."})

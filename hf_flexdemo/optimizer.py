@@ -2,7 +2,9 @@
 
 Per step and per parameter shard (``g`` already averaged over the node by FSDP):
 
-1. momentum ``delta <- beta * delta + lr * g`` (``momentum="lr"``, DeMo) or ``+ (1 - beta) * g`` (``"ema"``)
+1. momentum ``delta <- beta * delta + lr * g`` (``momentum="lr"``, DeMo) or ``+ (1 - beta) * g`` (``"ema"``),
+   or ``+`` AdamW's first moment ``m`` of this replica's ``g`` (``"avg"``) or its direction ``m / (sqrt(v) + eps)``
+   (``"adam"``: without compression and with ``update="sgd"`` this is AdamW; measured worse with it)
 2. DCT of ``delta`` in blocks; per block, a fraction ``compression_rate`` of the coefficients is kept: the
    largest (``replicator="demo"``) or positions every replica draws from the same seed (``"random"``)
 3. error feedback ``delta <- delta - alpha * IDCT(kept)`` (``alpha = compression_feedback``)
@@ -60,7 +62,7 @@ from .replicate import CommStats, Pending, ReplicateGroup, dense_allreduce_bytes
 Update = Literal["sign", "sgd", "adamw", "rmsprop"]
 Replicator = Literal["demo", "random", "full", "none"]
 ValueDtype = Literal["bfloat16", "float32"]
-Momentum = Literal["lr", "ema"]
+Momentum = Literal["lr", "ema", "avg", "adam"]
 Overlap = Literal["none", "backward", "delayed"]
 UPDATES: tuple[str, ...] = get_args(Update)
 REPLICATORS: tuple[str, ...] = get_args(Replicator)
@@ -73,6 +75,11 @@ DEFAULT_RATE = 1 / 8
 DEFAULT_CHUNK = 8
 DEFAULT_BUCKET_MB = 25.0  # DDP's bucket_cap_mb
 DEFAULT_MIN_RATE, DEFAULT_MAX_RATE = 1 / 64, 1 / 4
+# The replica's own gradient moments of momentum="avg" ("adam" adds the second), float32 like delta.
+MOMENT_KEYS = ("grad_avg", "grad_avg_sq")
+# State held until overlap="delayed" applies it (see state_dict), and what stays float32 whatever the params.
+PENDING_KEYS = ("pending_delta", "pending_update", *(f"pending_{key}" for key in MOMENT_KEYS))
+FLOAT32_KEYS = ("delta", *MOMENT_KEYS, *PENDING_KEYS)
 # Knobs that hold for the whole optimizer (shared exchanges), not per parameter group.
 GLOBAL_KNOBS = ("replicator", "value_dtype", "replicator_seed", "on_nonfinite", "drift_check_every",
                 "on_drift", "overlap", "bucket_cap_mb", "budget_bytes", "budget_fraction", "budget_min_rate",
@@ -157,6 +164,7 @@ class _Stack:
     delta: Tensor | None = None
     spare: Tensor | None = None
     momentum: Tensor | None = None
+    moments: dict[str, list[Tensor]] | None = None  # momentum "avg"/"adam": the candidate gradient moments
     lr: float = 0.0  # the learning rate ``momentum`` was built with
     positions: Tensor | None = None  # flat positions of the kept coefficients in ``momentum``
     indices: Tensor | None = None  # their in-block positions as they travel ("demo")
@@ -223,7 +231,8 @@ class FlexDeMo(Optimizer):
         compression_feedback: ``alpha`` in ``(0, 1]``: the fraction of the sent signal error feedback
             removes from the momentum (1: DeMo; DeMo's second version uses less).
         momentum: how a gradient enters the momentum: ``"lr"`` adds ``lr * g`` (DeMo), ``"ema"`` adds
-            ``(1 - beta) * g`` (the update then carries ``lr``).
+            ``(1 - beta) * g`` (the update then carries ``lr``), ``"avg"`` / ``"adam"`` add AdamW's bias-corrected
+            ``m`` / ``m / (sqrt(v) + eps)`` of this replica's gradient (``betas``, ``eps``; two more buffers).
         update: ``"sign"`` (DeMo), ``"sgd"``, ``"adamw"`` or ``"rmsprop"`` (AdamW with ``beta1 = 0``).
         replicator: ``"demo"`` (DCT top-k, all-gather), ``"random"`` (shared random positions, all-reduce of
             the values), ``"full"`` (dense average) or ``"none"`` (no exchange).
@@ -362,7 +371,7 @@ class FlexDeMo(Optimizer):
         super().load_state_dict(state_dict)
         params = [p for group in self.param_groups for p in group["params"]]
         for index, saved in state_dict["state"].items():
-            for key in ("delta", "pending_delta", "pending_update"):
+            for key in FLOAT32_KEYS:
                 if key in saved:
                     self.state[params[index]][key] = saved[key].to(device=self._device, dtype=torch.float32,
                                                                    copy=True)
@@ -451,6 +460,10 @@ class FlexDeMo(Optimizer):
             if group["update"] in ("adamw", "rmsprop"):
                 state["exp_avg"] = torch.zeros_like(param)
                 state["exp_avg_sq"] = torch.zeros_like(param)
+            if group["momentum"] in ("avg", "adam"):  # this replica's AdamW moments of its node-averaged gradient
+                state["grad_avg"] = torch.zeros_like(param, dtype=torch.float32)
+                if group["momentum"] == "adam":
+                    state["grad_avg_sq"] = torch.zeros_like(param, dtype=torch.float32)
         return state
 
     def _bytes_at(self, rate: float) -> int:
@@ -556,6 +569,9 @@ class FlexDeMo(Optimizer):
                     state["pending_update"] = row
             for state, row in zip(stack.states, stack.momentum.unbind(0)):
                 state["pending_delta"] = row
+            for key, rows in (stack.moments or {}).items():
+                for state, row in zip(stack.states, rows):
+                    state["pending_" + key] = row
         self._pending = {"skip": skip, "here": here, "lrs": [stack.lr for stack in stacks],
                          "step": self.steps - 1}
 
@@ -565,6 +581,8 @@ class FlexDeMo(Optimizer):
         stacks = [s for b in self._buckets() for s in b.stacks]
         for stack, lr in zip(stacks, pending["lrs"]):
             stack.momentum, stack.lr = _stack_rows(stack.states, "pending_delta"), lr
+            held = [key for key in MOMENT_KEYS if "pending_" + key in stack.states[0]]
+            stack.moments = {key: [s["pending_" + key] for s in stack.states] for key in held} or None
         if pending["skip"]:
             self._skip(knobs["on_nonfinite"], pending["step"], pending["here"])
             self._discard(stacks)
@@ -574,8 +592,8 @@ class FlexDeMo(Optimizer):
                     self._commit(stack, spent=knobs["replicator"] == "full")
                     self._apply(stack, _stack_rows(stack.states, "pending_update"), stack.lr)
         for state in (state for stack in stacks for state in stack.states):
-            state.pop("pending_delta")
-            state.pop("pending_update", None)
+            for key in PENDING_KEYS:
+                state.pop(key, None)
 
     def _end_step(self, plan: list[_Bucket]) -> None:
         self.steps += 1
@@ -624,9 +642,31 @@ class FlexDeMo(Optimizer):
         if spare is None or spare.shape != stack.delta.shape:
             spare = torch.empty_like(stack.delta)
         torch.mul(stack.delta, group["compression_decay"], out=spare)
+        if group["momentum"] in ("avg", "adam"):
+            torch._foreach_add_(list(spare.unbind(0)), self._adam_direction(stack))
+            return spare
         scale = group["lr"] if group["momentum"] == "lr" else 1.0 - group["compression_decay"]
         torch._foreach_add_(list(spare.unbind(0)), stack.grads(), alpha=scale)
         return spare
+
+    def _adam_direction(self, stack: _Stack) -> list[Tensor]:
+        """AdamW's bias-corrected ``m`` (``momentum="avg"``) or ``m / (sqrt(v) + eps)`` (``"adam"``) of this
+        replica's gradient. The new moments are candidates (``stack.moments``), committed with the momentum."""
+        group, grads = stack.group, [g.float() for g in stack.grads()]
+        (beta1, beta2), eps = group["betas"], group["eps"]
+        step = float(stack.states[0]["step"]) + 1.0  # the applied steps so far, on the host
+        avg = torch._foreach_lerp([s["grad_avg"] for s in stack.states], grads, 1.0 - beta1)
+        stack.moments = {"grad_avg": avg}
+        if group["momentum"] == "avg":
+            return torch._foreach_div(avg, 1.0 - beta1**step)
+        avg_sq = stack.moments["grad_avg_sq"] = torch._foreach_mul([s["grad_avg_sq"] for s in stack.states], beta2)
+        torch._foreach_addcmul_(avg_sq, grads, grads, value=1.0 - beta2)
+        denominator = torch._foreach_sqrt(avg_sq)
+        torch._foreach_div_(denominator, (1.0 - beta2**step) ** 0.5)
+        torch._foreach_add_(denominator, eps)
+        direction = torch._foreach_div(avg, denominator)
+        torch._foreach_div_(direction, 1.0 - beta1**step)
+        return direction
 
     def _select(self, stack: _Stack, value_dtype: torch.dtype, knobs: dict[str, Any]) -> None:
         """DCT, choice of the kept coefficients, and error feedback on the stack's new momentum."""
@@ -737,19 +777,25 @@ class FlexDeMo(Optimizer):
         stack.spare, stack.delta, stack.momentum = stack.delta, stack.momentum, None
         for state, row in zip(stack.states, stack.delta.unbind(0)):
             state["delta"] = row
+        for key, rows in (stack.moments or {}).items():
+            for state, row in zip(stack.states, rows):
+                state[key] = row
+        stack.moments = None
 
     @staticmethod
     def _discard(stacks: list[_Stack]) -> None:
         """A skipped step: the candidate momentum is dropped (its buffer is reused)."""
         for stack in stacks:
-            stack.spare, stack.momentum = stack.momentum, None
+            stack.spare, stack.momentum, stack.moments = stack.momentum, None, None
 
     def _apply(self, stack: _Stack, q: Tensor, lr: float) -> None:
         """Update the stack's parameters from its ``(P, *shape)`` signal ``Q`` (built with learning rate ``lr``)."""
         group, params = stack.group, stack.locals()
         weight_decay = group["weight_decay"]
-        # Q carries lr with momentum="lr": the gradient it estimates is Q / lr.
-        to_gradient = (1.0 / lr if lr > 0 else 0.0) if group["momentum"] == "lr" else 1.0
+        # Q carries the scale a gradient entered the momentum with (lr, or 1 - beta): the gradient it
+        # estimates is Q / scale (AdamW's eps and SGD's step are in gradient units).
+        scale = {"lr": lr, "ema": 1.0 - group["compression_decay"], "avg": 1.0, "adam": 1.0}[group["momentum"]]
+        to_gradient = 1.0 / scale if scale > 0 else 0.0
         rows = list(q.unbind(0))
         if group["update"] in ("adamw", "rmsprop"):
             grads = [(row * to_gradient).to(p.dtype) for row, p in zip(rows, params)]

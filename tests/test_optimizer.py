@@ -1,5 +1,6 @@
 """Single-process FlexDeMo behaviour: argument validation, lazy state, state_dict contents."""
 
+import io
 import re
 
 import pytest
@@ -25,7 +26,7 @@ def _params(dtype=torch.float32):
         ({"lr": -1.0}, "lr", ">= 0"),
         ({"update": "lion"}, "update", "sign | sgd | adamw"),
         ({"replicator": "powersgd"}, "replicator", "demo | random | full | none"),
-        ({"momentum": "nesterov"}, "momentum", "lr | ema"),
+        ({"momentum": "nesterov"}, "momentum", "lr | ema | avg | adam"),
         ({"compression_feedback": 0.0}, "compression_feedback", "(0, 1]"),
         ({"replicator_seed": -1}, "replicator_seed", ">= 0"),
         ({"weight_decay": -0.1}, "weight_decay", ">= 0"),
@@ -96,15 +97,17 @@ def test_single_node_has_no_traffic_and_none_replicator_needs_one_node():
     assert not torch.equal(before, model.weight)
 
 
-@pytest.mark.parametrize("update", ["sgd", "rmsprop", "sign"])
-def test_delayed_application_is_the_synchronous_update_one_step_late(update):
+@pytest.mark.parametrize(("update", "momentum"),
+                         [("sgd", "lr"), ("rmsprop", "lr"), ("sign", "lr"), ("sgd", "adam"), ("rmsprop", "avg")])
+def test_delayed_application_is_the_synchronous_update_one_step_late(update, momentum):
     """With a gradient that does not depend on the parameters, delayed application after n steps is exactly
     the synchronous optimizer after n - 1: the same momentum chain, each consensus applied one step later."""
     gradient = torch.randn(16, 24, generator=torch.Generator().manual_seed(0))
 
     def trained(overlap: str, steps: int) -> torch.Tensor:
         weight = nn.Parameter(torch.zeros(16, 24))
-        opt = FlexDeMo([weight], lr=1e-2, replicator="none", update=update, overlap=overlap, drift_check_every=0)
+        opt = FlexDeMo([weight], lr=1e-2, replicator="none", update=update, momentum=momentum, overlap=overlap,
+                       drift_check_every=0)
         for _ in range(steps):
             weight.grad = gradient.clone()
             opt.step()
@@ -113,3 +116,56 @@ def test_delayed_application_is_the_synchronous_update_one_step_late(update):
     assert torch.equal(trained("delayed", 1), torch.zeros(16, 24))
     for steps in (2, 5):
         assert torch.equal(trained("delayed", steps), trained("none", steps - 1))
+
+
+def test_adam_momentum_without_compression_is_adamw():
+    """``momentum="adam"`` feeds AdamW's own direction into the momentum; with every coefficient kept (rate 1,
+    float32 values) the momentum is spent each step and ``update="sgd"`` applies it: torch's AdamW."""
+    gradients = torch.randn(12, 16, 24, generator=torch.Generator().manual_seed(0))
+    ours, reference = nn.Parameter(torch.ones(16, 24)), nn.Parameter(torch.ones(16, 24))
+    opt = FlexDeMo([ours], lr=1e-2, weight_decay=0.1, momentum="adam", update="sgd", replicator="none",
+                   compression_rate=1.0, compression_chunk=8, value_dtype="float32", drift_check_every=0)
+    adamw = torch.optim.AdamW([reference], lr=1e-2, weight_decay=0.1)
+    for gradient in gradients:
+        ours.grad, reference.grad = gradient.clone(), gradient.clone()
+        opt.step()
+        adamw.step()
+    torch.testing.assert_close(ours, reference, rtol=0, atol=1e-6)
+    assert set(opt.state[ours]) == {"step", "delta", "grad_avg", "grad_avg_sq"}
+
+
+@pytest.mark.parametrize("overlap", ["none", "delayed"])
+@pytest.mark.parametrize("momentum", ["avg", "adam"])
+def test_gradient_moments_skip_and_resume_exactly(momentum, overlap):
+    """The replica's gradient moments are candidates like the momentum: a skipped (non-finite) step leaves them
+    as they were, and 8 steps straight equal 5, a state_dict through bytes into a fresh optimizer, and 3."""
+    gradients = torch.randn(8, 16, 24, generator=torch.Generator().manual_seed(1))
+    gradients[2, 3, 4] = float("nan")
+
+    def optimizer(weight: nn.Parameter) -> FlexDeMo:
+        return FlexDeMo([weight], lr=1e-2, momentum=momentum, update="sgd" if momentum == "adam" else "rmsprop",
+                        replicator="none", overlap=overlap, drift_check_every=0)
+
+    def run(opt: FlexDeMo, weight: nn.Parameter, steps: range) -> None:
+        for i in steps:
+            weight.grad = gradients[i].clone()
+            opt.step()
+
+    straight = nn.Parameter(torch.zeros(16, 24))
+    opt = optimizer(straight)
+    with pytest.warns(UserWarning, match="non-finite"):
+        run(opt, straight, range(8))
+    assert opt.skipped_steps == 1 and all(torch.isfinite(v).all() for v in opt.state[straight].values())
+
+    resumed = nn.Parameter(torch.zeros(16, 24))
+    first = optimizer(resumed)
+    with pytest.warns(UserWarning, match="non-finite"):
+        run(first, resumed, range(5))
+    buffer = io.BytesIO()
+    torch.save(first.state_dict(), buffer)
+    second = optimizer(resumed)
+    second.load_state_dict(torch.load(io.BytesIO(buffer.getvalue())))
+    run(second, resumed, range(5, 8))
+    assert torch.equal(straight, resumed)
+    for key, value in opt.state[straight].items():
+        assert torch.equal(value, second.state[resumed][key]), key
