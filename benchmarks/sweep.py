@@ -92,6 +92,7 @@ GRIDS: dict[str, dict[str, Any]] = {
             _run("flexdemo", 3e-3, compression_rate=1 / 8, compression_chunk=8, momentum="avg", **RULE),
             _run("flexdemo", 2e-3, compression_rate=1 / 8, compression_chunk=8, momentum="ema", **RULE),
             _run("flexdemo", 3e-3, replicator="full", momentum="avg", **RULE),  # ... and without compression
+            _run("flexdemo", 3e-3, replicator="full", update="adamw"),  # AdamW on FlexDeMo's path: AdamW-HSDP
             _run("flexdemo", 1.5e-3, compression_rate=1 / 8, compression_chunk=8, momentum="ema", **RULE),
             # how much of a difference is the seed's: AdamW and the defaults again from another initialisation
             _run("adamw", 3e-3, seed=7),

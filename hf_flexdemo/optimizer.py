@@ -4,7 +4,7 @@ Per step and per parameter shard (``g`` already averaged over the node by FSDP):
 
 1. momentum ``delta <- beta * delta + lr * g`` (``momentum="lr"``, DeMo) or ``+ (1 - beta) * g`` (``"ema"``),
    or ``+`` AdamW's first moment ``m`` of this replica's ``g`` (``"avg"``) or its direction ``m / (sqrt(v) + eps)``
-   (``"adam"``: without compression and with ``update="sgd"`` this is AdamW; measured worse with it)
+   (``"adam"``: without compression and with ``update="sgd"`` this is AdamW; with compression both measured worse)
 2. DCT of ``delta`` in blocks; per block, a fraction ``compression_rate`` of the coefficients is kept: the
    largest (``replicator="demo"``) or positions every replica draws from the same seed (``"random"``)
 3. error feedback ``delta <- delta - alpha * IDCT(kept)`` (``alpha = compression_feedback``)
@@ -232,7 +232,7 @@ class FlexDeMo(Optimizer):
             removes from the momentum (1: DeMo; DeMo's second version uses less).
         momentum: how a gradient enters the momentum: ``"lr"`` adds ``lr * g`` (DeMo), ``"ema"`` adds
             ``(1 - beta) * g`` (the update then carries ``lr``), ``"avg"`` / ``"adam"`` add AdamW's bias-corrected
-            ``m`` / ``m / (sqrt(v) + eps)`` of this replica's gradient (``betas``, ``eps``; two more buffers).
+            ``m`` / ``m / (sqrt(v) + eps)`` of this replica's gradient (``betas``, ``eps``; one / two more buffers).
         update: ``"sign"`` (DeMo), ``"sgd"``, ``"adamw"`` or ``"rmsprop"`` (AdamW with ``beta1 = 0``).
         replicator: ``"demo"`` (DCT top-k, all-gather), ``"random"`` (shared random positions, all-reduce of
             the values), ``"full"`` (dense average) or ``"none"`` (no exchange).
