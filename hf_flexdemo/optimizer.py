@@ -176,6 +176,10 @@ class _Stack:
     def grads(self) -> list[Tensor]:
         return [torch.zeros_like(_local(p)) if p.grad is None else _local(p.grad) for p in self.params]
 
+    def candidate(self) -> dict[str, list[Tensor]]:
+        """The state the step in flight commits, per key: the new momentum's rows and any new moments."""
+        return {"delta": list(self.momentum.unbind(0)), **(self.moments or {})}
+
 
 @dataclass
 class _Bucket:
@@ -197,6 +201,18 @@ class _Exchange:
     like: list[Tensor]
 
 
+def _set_rows(states: list[dict[str, Tensor]], key: str, rows: Iterable[Tensor]) -> None:
+    """Each parameter's ``state[key]`` becomes its row of ``rows``."""
+    for state, row in zip(states, rows):
+        state[key] = row
+
+
+def _entry_scale(group: dict[str, Any], lr: float) -> float:
+    """The factor a gradient enters the momentum with (``momentum="lr"``: ``lr``; ``"ema"``: ``1 - beta``; AdamW's
+    moments: 1); the consensus ``Q`` divided by it is in gradient units."""
+    return {"lr": lr, "ema": 1.0 - group["compression_decay"], "avg": 1.0, "adam": 1.0}[group["momentum"]]
+
+
 def _stack_rows(states: list[dict[str, Tensor]], key: str) -> Tensor:
     """The stacked ``state[key]`` of a stack; re-stacks (once) when the rows are not views of one tensor."""
     rows = [s[key] for s in states]
@@ -208,8 +224,7 @@ def _stack_rows(states: list[dict[str, Tensor]], key: str) -> Tensor:
     ):
         return base
     stacked = torch.stack(rows)
-    for state, row in zip(states, stacked):
-        state[key] = row
+    _set_rows(states, key, stacked)
     return stacked
 
 
@@ -565,13 +580,9 @@ class FlexDeMo(Optimizer):
             if not skip:
                 with record_function("FlexDeMo::decode"):
                     q = self._decode(stack, payload, knobs).clone()
-                for state, row in zip(stack.states, q.unbind(0)):
-                    state["pending_update"] = row
-            for state, row in zip(stack.states, stack.momentum.unbind(0)):
-                state["pending_delta"] = row
-            for key, rows in (stack.moments or {}).items():
-                for state, row in zip(stack.states, rows):
-                    state["pending_" + key] = row
+                _set_rows(stack.states, "pending_update", q.unbind(0))
+            for key, rows in stack.candidate().items():
+                _set_rows(stack.states, f"pending_{key}", rows)
         self._pending = {"skip": skip, "here": here, "lrs": [stack.lr for stack in stacks],
                          "step": self.steps - 1}
 
@@ -636,17 +647,15 @@ class FlexDeMo(Optimizer):
         return flag
 
     def _momentum(self, stack: _Stack) -> Tensor:
-        """``beta * delta + scale * g`` in the spare buffer: the old momentum survives a skipped step."""
+        """``beta * delta + scale * x`` in the spare buffer (``x``: the gradient, or AdamW's ``m`` or direction):
+        the old momentum survives a skipped step."""
         group = stack.group
         spare, stack.spare = stack.spare, None
         if spare is None or spare.shape != stack.delta.shape:
             spare = torch.empty_like(stack.delta)
         torch.mul(stack.delta, group["compression_decay"], out=spare)
-        if group["momentum"] in ("avg", "adam"):
-            torch._foreach_add_(list(spare.unbind(0)), self._adam_direction(stack))
-            return spare
-        scale = group["lr"] if group["momentum"] == "lr" else 1.0 - group["compression_decay"]
-        torch._foreach_add_(list(spare.unbind(0)), stack.grads(), alpha=scale)
+        entering = self._adam_direction(stack) if group["momentum"] in ("avg", "adam") else stack.grads()
+        torch._foreach_add_(list(spare.unbind(0)), entering, alpha=_entry_scale(group, group["lr"]))
         return spare
 
     def _adam_direction(self, stack: _Stack) -> list[Tensor]:
@@ -774,13 +783,9 @@ class FlexDeMo(Optimizer):
         """Make the candidate momentum the state; the old buffer becomes the next candidate's."""
         if spent:
             stack.momentum.zero_()
-        stack.spare, stack.delta, stack.momentum = stack.delta, stack.momentum, None
-        for state, row in zip(stack.states, stack.delta.unbind(0)):
-            state["delta"] = row
-        for key, rows in (stack.moments or {}).items():
-            for state, row in zip(stack.states, rows):
-                state[key] = row
-        stack.moments = None
+        for key, rows in stack.candidate().items():
+            _set_rows(stack.states, key, rows)
+        stack.spare, stack.delta, stack.momentum, stack.moments = stack.delta, stack.momentum, None, None
 
     @staticmethod
     def _discard(stacks: list[_Stack]) -> None:
@@ -792,9 +797,8 @@ class FlexDeMo(Optimizer):
         """Update the stack's parameters from its ``(P, *shape)`` signal ``Q`` (built with learning rate ``lr``)."""
         group, params = stack.group, stack.locals()
         weight_decay = group["weight_decay"]
-        # Q carries the scale a gradient entered the momentum with (lr, or 1 - beta): the gradient it
-        # estimates is Q / scale (AdamW's eps and SGD's step are in gradient units).
-        scale = {"lr": lr, "ema": 1.0 - group["compression_decay"], "avg": 1.0, "adam": 1.0}[group["momentum"]]
+        # AdamW's eps and SGD's step are in gradient units: Q divided by the scale it entered the momentum with.
+        scale = _entry_scale(group, lr)
         to_gradient = 1.0 / scale if scale > 0 else 0.0
         rows = list(q.unbind(0))
         if group["update"] in ("adamw", "rmsprop"):
