@@ -24,6 +24,7 @@ lint:
 
 bench-quick:
 	$(PYTHON) benchmarks/optimizer_step.py
+	$(PYTHON) benchmarks/selection.py
 	$(PYTHON) benchmarks/replicator_bytes.py
 	$(PYTHON) benchmarks/bandwidth.py --quick
 	$(PYTHON) benchmarks/convergence.py --quick

@@ -65,7 +65,7 @@ GRIDS: dict[str, dict[str, Any]] = {
         "runs": [
             _run("adamw", 3e-3),
             _run("flexdemo", 3e-3, compression_rate=1 / 8, compression_chunk=8, **V2),
-            # update="adamw" with beta1 = 0 is update="rmsprop" (the same code path)
+            # update="adamw" with beta1 = 0 is update="rmsprop"'s arithmetic (which runs it in fewer passes)
             _run("flexdemo", 3e-3, compression_rate=1 / 8, compression_chunk=8, update="adamw", adam_beta1=0.0),
             _run("flexdemo", 3e-3, compression_rate=1 / 8, compression_chunk=8, update="adamw"),
             _run("flexdemo", 3e-3, compression_rate=1 / 8, compression_chunk=8, update="sign"),  # DeMo's rule at 1/8
@@ -97,6 +97,21 @@ GRIDS: dict[str, dict[str, Any]] = {
             # how much of a difference is the seed's: AdamW and the defaults again from another initialisation
             _run("adamw", 3e-3, seed=7),
             _run("flexdemo", 3e-3, compression_rate=1 / 8, compression_chunk=8, seed=7, **RULE),
+            # probes: is AdamW-on-Q's loss a step-size one (Q's v counts the bursts error feedback sends in), and is
+            # momentum="adam"'s a compression one (without it, the replicas' mean AdamW direction)?
+            _run("flexdemo", 6e-3, compression_rate=1 / 8, compression_chunk=8, update="adamw"),
+            _run("flexdemo", 3e-3, replicator="full", momentum="adam", update="sgd"),
+            _run("flexdemo", 2e-3, compression_rate=1 / 8, compression_chunk=8, momentum="adam", update="sgd"),
+            # ... and is it the bursts (a coefficient waits ~1/rate steps, then carries them all)? Twice the rate,
+            # with positions (2x the bytes) or from the shared seed (values only: the default's bytes)
+            *(_run("flexdemo", 2e-3, compression_rate=1 / 4, compression_chunk=8, momentum="adam", update="sgd",
+                   replicator=replicator) for replicator in ("demo", "random")),
+            # DeMo's decode takes a coefficient's mean over the replicas that chose it: one replica's coefficient
+            # enters Q whole, and the others send theirs later (error feedback), so Q over-counts what the replicas
+            # disagree on. The mean over all replicas is the replicas' mean momentum, spread over time.
+            _run("flexdemo", 3e-3, compression_rate=1 / 8, compression_chunk=8, consensus="replicas", **RULE),
+            _run("flexdemo", 3e-3, compression_rate=1 / 8, compression_chunk=8, consensus="replicas", momentum="adam",
+                 update="sgd"),
         ],
     },
     # At the package defaults: "delayed" is one step stale. ("backward" is "none"'s update, bit for bit, tested

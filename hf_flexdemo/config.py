@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, get_args
 
+from .compression import Consensus
 from .guards import DriftAction, NonfiniteAction
 from .optimizer import (
     DEFAULT_BUCKET_MB,
@@ -58,6 +59,11 @@ class FlexDeMoConfig:
     )
     update: Update = field(default="rmsprop", metadata={"help": "Update rule."})
     replicator: Replicator = field(default="demo", metadata={"help": "Cross-node exchange."})
+    consensus: Consensus = field(
+        default="choosers",
+        metadata={"help": "replicator='demo': a coefficient is the mean over the replicas that chose it (choosers, "
+                          "DeMo) or over all replicas (replicas: the mean momentum)."},
+    )
     value_dtype: ValueDtype = field(default="bfloat16", metadata={"help": "Wire type of coefficients."})
     replicator_seed: int = field(default=0, metadata={"help": "Seed of replicator='random''s shared positions."})
     overlap: Overlap = field(

@@ -10,7 +10,8 @@ Per step and per parameter shard (``g`` already averaged over the node by FSDP):
 3. error feedback ``delta <- delta - alpha * IDCT(kept)`` (``alpha = compression_feedback``)
 4. the exchange over the replicate group: an all-gather of positions and values (``"demo"``) or an
    all-reduce of the values alone (``"random"``)
-5. ``Q`` = mean-over-choosers decode of all replicas' payloads (bit-identical on every replica)
+5. ``Q`` = the decode of all replicas' payloads (bit-identical on every replica): each coefficient's mean over
+   the replicas that chose it (``consensus="choosers"``, DeMo) or over all replicas (``"replicas"``)
 6. decoupled weight decay and the update: ``p <- p - lr * sign(Q)`` (``"sign"``), SGD on ``Q``
    (``"sgd"``), AdamW fed with ``Q`` as its gradient (``"adamw"``), or AdamW without its first moment
    (``"rmsprop"``: ``Q`` is already averaged by error feedback; the second moment gives every coordinate
@@ -81,7 +82,7 @@ MOMENT_KEYS = ("grad_avg", "grad_avg_sq")
 PENDING_KEYS = ("pending_delta", "pending_update", *(f"pending_{key}" for key in MOMENT_KEYS))
 FLOAT32_KEYS = ("delta", *MOMENT_KEYS, *PENDING_KEYS)
 # Knobs that hold for the whole optimizer (shared exchanges), not per parameter group.
-GLOBAL_KNOBS = ("replicator", "value_dtype", "replicator_seed", "on_nonfinite", "drift_check_every",
+GLOBAL_KNOBS = ("replicator", "consensus", "value_dtype", "replicator_seed", "on_nonfinite", "drift_check_every",
                 "on_drift", "overlap", "bucket_cap_mb", "budget_bytes", "budget_fraction", "budget_min_rate",
                 "budget_max_rate")
 
@@ -98,7 +99,8 @@ def _check(ok: bool, name: str, value: Any, accepted: str) -> None:
 def validate_knobs(
     *, compression_rate: float | None = None, compression_topk: int | None = None, compression_chunk: int = 1,
     compression_decay: float = 0.0, compression_feedback: float = 1.0, momentum: str = "lr",
-    update: str = "sign", replicator: str = "demo", value_dtype: str = "bfloat16", replicator_seed: int = 0,
+    update: str = "sign", replicator: str = "demo", consensus: str = "choosers", value_dtype: str = "bfloat16",
+    replicator_seed: int = 0,
     on_nonfinite: str = "skip", drift_check_every: int = 0, on_drift: str = "raise", overlap: str = "none",
     bucket_cap_mb: float = DEFAULT_BUCKET_MB, budget_bytes: int | None = None, budget_fraction: float | None = None,
     budget_min_rate: float = DEFAULT_MIN_RATE, budget_max_rate: float = DEFAULT_MAX_RATE,
@@ -118,6 +120,7 @@ def validate_knobs(
     _check(momentum in MOMENTUMS, "momentum", momentum, " | ".join(MOMENTUMS))
     _check(update in UPDATES, "update", update, " | ".join(UPDATES))
     _check(replicator in REPLICATORS, "replicator", replicator, " | ".join(REPLICATORS))
+    _check(consensus in compression.CONSENSUSES, "consensus", consensus, " | ".join(compression.CONSENSUSES))
     _check(value_dtype in VALUE_DTYPES, "value_dtype", value_dtype, " | ".join(VALUE_DTYPES))
     _check(isinstance(replicator_seed, int) and replicator_seed >= 0, "replicator_seed", replicator_seed,
            "an integer >= 0")
@@ -213,6 +216,26 @@ def _entry_scale(group: dict[str, Any], lr: float) -> float:
     return {"lr": lr, "ema": 1.0 - group["compression_decay"], "avg": 1.0, "adam": 1.0}[group["momentum"]]
 
 
+def _rmsprop(
+    params: list[Tensor], q: Tensor, avg_sq: Tensor, denominator: Tensor, *, step: float, lr: float, scale: float,
+    beta2: float, eps: float, weight_decay: float,
+) -> None:
+    """AdamW without its first moment, fed ``g = scale * Q`` (``params``: the rows of the ``(P, *shape)`` ``Q``):
+
+    ``v <- beta2 * v + (1 - beta2) * g^2``, ``p <- p * (1 - lr * wd) - lr * g / (sqrt(v / (1 - beta2^step)) + eps)``.
+
+    The scale and the bias correction are folded into the constants, so besides ``v`` and ``p`` only the
+    ``denominator`` buffer is written: five passes over the shard, where torch's AdamW with ``beta1 = 0`` fed a
+    scaled copy of ``Q`` makes eight and keeps ``m``, a shard-sized copy of ``g``.
+    """
+    if weight_decay:
+        torch._foreach_mul_(params, 1.0 - lr * weight_decay)
+    avg_sq.mul_(beta2).addcmul_(q, q, value=(1.0 - beta2) * scale * scale)
+    correction = (1.0 - beta2**step) ** 0.5
+    torch.sqrt(avg_sq, out=denominator).add_(eps * correction)
+    torch._foreach_addcdiv_(params, list(q.unbind(0)), list(denominator.unbind(0)), value=-lr * scale * correction)
+
+
 def _stack_rows(states: list[dict[str, Tensor]], key: str) -> Tensor:
     """The stacked ``state[key]`` of a stack; re-stacks (once) when the rows are not views of one tensor."""
     rows = [s[key] for s in states]
@@ -251,6 +274,9 @@ class FlexDeMo(Optimizer):
         update: ``"sign"`` (DeMo), ``"sgd"``, ``"adamw"`` or ``"rmsprop"`` (AdamW with ``beta1 = 0``).
         replicator: ``"demo"`` (DCT top-k, all-gather), ``"random"`` (shared random positions, all-reduce of
             the values), ``"full"`` (dense average) or ``"none"`` (no exchange).
+        consensus: how ``replicator="demo"`` combines the replicas' coefficients: the mean over the replicas
+            that chose each one (``"choosers"``, DeMo) or over all replicas (``"replicas"``: the mean momentum;
+            the other replicators always average over all replicas).
         weight_decay: decoupled weight decay.
         value_dtype: wire type of the coefficients, ``"bfloat16"`` or ``"float32"``.
         replicator_seed: seed of ``replicator="random"``'s positions (the same on every replica).
@@ -285,6 +311,7 @@ class FlexDeMo(Optimizer):
         momentum: Momentum = "lr",
         update: Update = "rmsprop",
         replicator: Replicator = "demo",
+        consensus: compression.Consensus = "choosers",
         weight_decay: float = 0.0,
         value_dtype: ValueDtype = "bfloat16",
         replicator_seed: int = 0,
@@ -307,9 +334,9 @@ class FlexDeMo(Optimizer):
         knobs = dict(compression_rate=compression_rate, compression_topk=compression_topk,
                      compression_chunk=compression_chunk, compression_decay=compression_decay,
                      compression_feedback=compression_feedback, momentum=momentum, update=update,
-                     replicator=replicator, value_dtype=value_dtype, replicator_seed=replicator_seed,
-                     overlap=overlap, bucket_cap_mb=bucket_cap_mb, budget_bytes=budget_bytes,
-                     budget_fraction=budget_fraction, budget_min_rate=budget_min_rate,
+                     replicator=replicator, consensus=consensus, value_dtype=value_dtype,
+                     replicator_seed=replicator_seed, overlap=overlap, bucket_cap_mb=bucket_cap_mb,
+                     budget_bytes=budget_bytes, budget_fraction=budget_fraction, budget_min_rate=budget_min_rate,
                      budget_max_rate=budget_max_rate, on_nonfinite=on_nonfinite,
                      drift_check_every=drift_check_every, on_drift=on_drift)
         validate_knobs(**knobs)
@@ -380,6 +407,11 @@ class FlexDeMo(Optimizer):
         state["flexdemo"] = {"steps": self.steps, "skipped_steps": self.skipped_steps, "rate": self._rate,
                              "pending": self._pending}
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        for group in self.param_groups:
+            group.setdefault("consensus", "choosers")  # saved before the knob existed: DeMo's decode
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load as torch does, keep the momentum in float32 (torch casts it to the parameter's dtype)."""
@@ -472,8 +504,9 @@ class FlexDeMo(Optimizer):
             param = _local(p)
             state["step"] = torch.zeros((), dtype=torch.float32)  # on the CPU, as torch's AdamW keeps it
             state["delta"] = torch.zeros_like(param, dtype=torch.float32)
-            if group["update"] in ("adamw", "rmsprop"):
+            if group["update"] == "adamw":
                 state["exp_avg"] = torch.zeros_like(param)
+            if group["update"] in ("adamw", "rmsprop"):
                 state["exp_avg_sq"] = torch.zeros_like(param)
             if group["momentum"] in ("avg", "adam"):  # this replica's AdamW moments of its node-averaged gradient
                 state["grad_avg"] = torch.zeros_like(param, dtype=torch.float32)
@@ -775,7 +808,7 @@ class FlexDeMo(Optimizer):
             indices, values = received
             positions = torch.stack([layout.flat_positions(momentum.shape[0], i.long()).view(-1) for i in indices])
         dense = compression.scatter_mean(positions, values, out=self._workspace("dense", momentum),
-                                         counts=self._workspace("counts", momentum))
+                                         counts=self._workspace("counts", momentum), over=knobs["consensus"])
         return layout.idct(dense, out=self._workspace("signal", momentum),
                            scratch=self._workspace("dense_scratch", momentum))
 
@@ -801,18 +834,22 @@ class FlexDeMo(Optimizer):
         scale = _entry_scale(group, lr)
         to_gradient = 1.0 / scale if scale > 0 else 0.0
         rows = list(q.unbind(0))
-        if group["update"] in ("adamw", "rmsprop"):
+        if group["update"] == "adamw":
             grads = [(row * to_gradient).to(p.dtype) for row, p in zip(rows, params)]
-            beta1 = 0.0 if group["update"] == "rmsprop" else group["betas"][0]
             adamw(
                 params, grads,
                 [s["exp_avg"] for s in stack.states], [s["exp_avg_sq"] for s in stack.states], [],
                 [s["step"] for s in stack.states],
-                amsgrad=False, beta1=beta1, beta2=group["betas"][1], lr=lr,
+                amsgrad=False, beta1=group["betas"][0], beta2=group["betas"][1], lr=lr,
                 weight_decay=weight_decay, eps=group["eps"], maximize=False,
             )
             return
         torch._foreach_add_([s["step"] for s in stack.states], 1.0)
+        if group["update"] == "rmsprop":
+            avg_sq = _stack_rows(stack.states, "exp_avg_sq")
+            _rmsprop(params, q, avg_sq, self._workspace("denominator", avg_sq), step=float(stack.states[0]["step"]),
+                     lr=lr, scale=to_gradient, beta2=group["betas"][1], eps=group["eps"], weight_decay=weight_decay)
+            return
         if weight_decay:
             torch._foreach_mul_(params, 1.0 - lr * weight_decay)
         if group["update"] == "sign":

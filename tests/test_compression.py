@@ -14,14 +14,17 @@ def _coefficients(x: torch.Tensor, layout: BlockLayout) -> torch.Tensor:
     return layout.dct(x, out=torch.empty_like(x), scratch=torch.empty_like(x))
 
 
-def test_topk_selects_largest_magnitudes_of_every_block():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_topk_selects_largest_magnitudes_of_every_block(dtype):
     torch.manual_seed(0)
     layout = BlockLayout.for_shape((16, 24), 8)
-    c = _coefficients(torch.randn(3, 16, 24), layout)
+    c = _coefficients(torch.randn(3, 16, 24, dtype=torch.float64), layout).to(dtype)
+    c[0, 0, :3] = torch.tensor([-float("inf"), -1e3, -0.0])  # the ranking is by magnitude, the sign is ignored
     blocks = layout.blocks(c).reshape(-1, layout.block_numel)
     indices = compression.select_topk(c, layout, 5, magnitude=torch.empty_like(c))
     assert indices.shape == (3 * 6, 5)
     assert torch.equal(indices.sort(dim=1).values, blocks.abs().topk(5, dim=1).indices.sort(dim=1).values)
+    assert {0, 1} <= set(indices[0].tolist())
     positions, values = compression.gather(c, layout, indices, torch.bfloat16)
     assert values.dtype == torch.bfloat16
     torch.testing.assert_close(values.float(), blocks.gather(1, indices).reshape(-1).bfloat16().float())
@@ -59,6 +62,24 @@ def test_decode_is_mean_over_choosers(replicas):
     expected = torch.zeros(count * 16 * 24).scatter_reduce(
         0, positions.view(-1), values.view(-1), reduce="mean", include_self=False)
     torch.testing.assert_close(dense.view(-1), expected)
+
+
+def test_decode_over_replicas_is_the_sum_over_all_replicas_divided_by_their_count():
+    """``over="replicas"``: a replica that kept a coefficient back counts as 0, so a coefficient one replica of R
+    sends enters Q with 1/R of its value (DeMo's mean over choosers gives it all of it)."""
+    torch.manual_seed(0)
+    layout = BlockLayout.for_shape((16, 24), 8)
+    k, count, replicas = 6, 2, 3
+    blocks = count * layout.num_blocks
+    indices = [torch.stack([torch.randperm(64)[:k] for _ in range(blocks)]) for _ in range(replicas)]
+    values = torch.randn(replicas, blocks * k)
+    positions = torch.stack([layout.flat_positions(count, i).view(-1) for i in indices])
+    dense = compression.scatter_mean(positions, values, out=torch.empty(count, 16, 24), counts=None, over="replicas")
+    expected = torch.zeros(count * 16 * 24).index_add_(0, positions.view(-1), values.view(-1)) / replicas
+    torch.testing.assert_close(dense.view(-1), expected)
+    once = positions[0][~torch.isin(positions[0], positions[1:].reshape(-1))][:1]  # chosen by replica 0 alone
+    assert once.numel() == 1
+    assert dense.view(-1)[once].item() == pytest.approx(values[0][positions[0] == once].item() / replicas)
 
 
 def test_index_dtype_boundary():

@@ -26,6 +26,7 @@ def _params(dtype=torch.float32):
         ({"lr": -1.0}, "lr", ">= 0"),
         ({"update": "lion"}, "update", "sign | sgd | adamw"),
         ({"replicator": "powersgd"}, "replicator", "demo | random | full | none"),
+        ({"consensus": "mean"}, "consensus", "choosers | replicas"),
         ({"momentum": "nesterov"}, "momentum", "lr | ema | avg | adam"),
         ({"compression_feedback": 0.0}, "compression_feedback", "(0, 1]"),
         ({"replicator_seed": -1}, "replicator_seed", ">= 0"),
@@ -74,6 +75,20 @@ def test_state_is_lazy_and_per_parameter():
     assert all(isinstance(k, torch.Tensor) for k in opt.state)  # only parameters key the state
 
 
+def test_state_dict_from_before_the_consensus_knob_loads_with_demos_decode():
+    model = nn.Linear(8, 4)
+    opt = FlexDeMo(model.parameters(), lr=0.1, consensus="replicas")
+    model(torch.randn(3, 8)).sum().backward()
+    opt.step()
+    saved = opt.state_dict()
+    for group in saved["param_groups"]:
+        del group["consensus"]
+    fresh = FlexDeMo(model.parameters(), lr=0.1, consensus="replicas")
+    fresh.load_state_dict(saved)
+    assert [g["consensus"] for g in fresh.param_groups] == ["choosers"]
+    fresh.step()
+
+
 def test_bf16_parameters_keep_fp32_momentum_through_state_dict():
     model = nn.Linear(8, 4).to(torch.bfloat16)
     opt = FlexDeMo(model.parameters(), lr=0.1)
@@ -118,20 +133,25 @@ def test_delayed_application_is_the_synchronous_update_one_step_late(update, mom
         assert torch.equal(trained("delayed", steps), trained("none", steps - 1))
 
 
-def test_adam_momentum_without_compression_is_adamw():
-    """``momentum="adam"`` feeds AdamW's own direction into the momentum; with every coefficient kept (rate 1,
-    float32 values) the momentum is spent each step and ``update="sgd"`` applies it: torch's AdamW."""
+@pytest.mark.parametrize(("momentum", "update", "beta1", "state"), [
+    ("adam", "sgd", 0.9, {"step", "delta", "grad_avg", "grad_avg_sq"}),
+    ("lr", "rmsprop", 0.0, {"step", "delta", "exp_avg_sq"}),
+])
+def test_without_compression_is_adamw(momentum, update, beta1, state):
+    """With every coefficient kept (rate 1, float32 values) the momentum is spent each step, so
+    ``momentum="adam"`` (AdamW's own direction into the momentum) with ``update="sgd"`` is torch's AdamW, and
+    ``update="rmsprop"`` on DeMo's momentum is torch's AdamW with ``beta1 = 0``."""
     gradients = torch.randn(12, 16, 24, generator=torch.Generator().manual_seed(0))
     ours, reference = nn.Parameter(torch.ones(16, 24)), nn.Parameter(torch.ones(16, 24))
-    opt = FlexDeMo([ours], lr=1e-2, weight_decay=0.1, momentum="adam", update="sgd", replicator="none",
+    opt = FlexDeMo([ours], lr=1e-2, weight_decay=0.1, momentum=momentum, update=update, replicator="none",
                    compression_rate=1.0, compression_chunk=8, value_dtype="float32", drift_check_every=0)
-    adamw = torch.optim.AdamW([reference], lr=1e-2, weight_decay=0.1)
+    adamw = torch.optim.AdamW([reference], lr=1e-2, weight_decay=0.1, betas=(beta1, 0.999))
     for gradient in gradients:
         ours.grad, reference.grad = gradient.clone(), gradient.clone()
         opt.step()
         adamw.step()
     torch.testing.assert_close(ours, reference, rtol=0, atol=1e-6)
-    assert set(opt.state[ours]) == {"step", "delta", "grad_avg", "grad_avg_sq"}
+    assert set(opt.state[ours]) == state
 
 
 @pytest.mark.parametrize("overlap", ["none", "delayed"])

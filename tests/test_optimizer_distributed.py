@@ -22,6 +22,7 @@ CASES = [
     *(f"dense_limit,update={u},replicator={r}" for r in ("demo", "full") for u in UPDATES),
     "reference,topology=one_node", "reference,topology=one_rank_per_node",
     *(f"reference,topology=two_by_two,update={u}" for u in UPDATES),
+    "reference,topology=one_rank_per_node,update=sgd,consensus=replicas",
     "replicator_none", "detonation,steps=3",
     "resume,steps=5,update=sign", "resume,steps=5,update=adamw",
     "drift,action=raise", "drift,action=resync", "nonfinite,action=skip", "nonfinite,action=raise",
@@ -115,6 +116,7 @@ def test_no_compression_equals_dense_rule_on_mean_gradient(update, replicator, s
 REFERENCE_CASES = [
     "reference,topology=one_node", "reference,topology=one_rank_per_node",
     *(f"reference,topology=two_by_two,update={u}" for u in UPDATES),
+    "reference,topology=one_rank_per_node,update=sgd,consensus=replicas",  # 4 replicas: Q is their mean momentum
 ]
 
 
@@ -126,7 +128,7 @@ def test_compressed_steps_match_the_naive_reference(spec, suite):
     0, since sign(0 +- rounding) is free; SGD everywhere. The momenta (error feedback) everywhere.
     """
     ranks = _case(suite, spec)
-    update = spec.split("update=")[1] if "update=" in spec else "sign"
+    update = spec.split("update=")[1].split(",")[0] if "update=" in spec else "sign"
     for rank in ranks:
         if "one_node" in spec:
             assert rank["bytes_sent"] == 0 and rank["collectives"] == 0  # nothing crosses nodes

@@ -137,7 +137,8 @@ def case_reference(args) -> dict:
     lr = {"sign": 0.01, "sgd": 0.5, "adamw": 0.01}[args.update]
     topk, chunk, decay = 3, 4, 0.9
     opt = FlexDeMo(model.parameters(), lr=lr, replicate_group=replicas.get_group(), compression_topk=topk,
-                   compression_chunk=chunk, compression_decay=decay, update=args.update, value_dtype="float32")
+                   compression_chunk=chunk, compression_decay=decay, update=args.update, value_dtype="float32",
+                   consensus=args.consensus)
     params = [local(p) for p in model.parameters()]
     deltas = [[torch.zeros_like(p, dtype=torch.float64)] * replicas.size() for p in params]
     adam_states: list[dict] = [{} for _ in params]
@@ -154,7 +155,7 @@ def case_reference(args) -> dict:
                 expected.append(param.double())
                 q_ref.append(param.double())
                 continue
-            deltas[i], q = reference_demo_step(grads, deltas[i], lr, topk, chunk, decay)
+            deltas[i], q = reference_demo_step(grads, deltas[i], lr, topk, chunk, decay, consensus=args.consensus)
             expected.append(reference_update(param, q, lr, args.update, adam_states[i]))
             q_ref.append(q)
         opt.step()
@@ -294,7 +295,7 @@ def main() -> None:
     for spec in parser.parse_args().case:
         name, *options = spec.split(",")
         defaults = {"steps": "50", "update": "sign", "topology": "one_node", "value_dtype": "bfloat16",
-                    "action": "raise", "replicator": "demo"}
+                    "action": "raise", "replicator": "demo", "consensus": "choosers"}
         options = {**defaults, **dict(o.split("=") for o in options)}
         options["steps"] = int(options["steps"])
         results[spec] = globals()[f"case_{name}"](argparse.Namespace(**options))

@@ -27,8 +27,9 @@ def _blocks(shape: tuple[int, ...], chunk: int):
             yield (slice(i, i + n1), slice(j, j + n2)), (n1, n2)
 
 
-def reference_demo_step(grads, deltas, lr, topk, chunk, decay, value_dtype=torch.float32):
-    """DeMo's momentum, compression and exchange for ``len(grads)`` replicas of one parameter.
+def reference_demo_step(grads, deltas, lr, topk, chunk, decay, value_dtype=torch.float32, consensus="choosers"):
+    """DeMo's momentum, compression and exchange for ``len(grads)`` replicas of one parameter; a coefficient of
+    ``Q`` is the mean over the replicas that chose it (``consensus="choosers"``) or over all (``"replicas"``).
 
     Returns the replicas' new momenta (after error feedback) and the decoded update ``Q``.
     """
@@ -49,7 +50,7 @@ def reference_demo_step(grads, deltas, lr, topk, chunk, decay, value_dtype=torch
             delta[where] -= d1.T @ sparse.view(n1, n2) @ d2
             total.index_add_(0, idx, vals)
             count.index_add_(0, idx, torch.ones_like(vals))
-        mean = total / count.clamp(min=1)
+        mean = total / (count.clamp(min=1) if consensus == "choosers" else len(deltas))
         q[where] = d1.T @ mean.view(n1, n2) @ d2
     return [d.view(shape) for d in deltas], q.view(shape)
 
