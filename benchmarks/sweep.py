@@ -65,6 +65,7 @@ GRIDS: dict[str, dict[str, Any]] = {
                    momentum="adam", update="sgd")
               for rate, chunk in ((1 / 8, 8), (1 / 4, 8), (1 / 8, 16), (1 / 8, 32))),
             _run("flexdemo", 3e-3, compression_rate=1 / 8, compression_chunk=8, consensus="replicas", **RULE),
+            _run("flexdemo", 3e-3, compression_rate=1 / 8, compression_chunk=32, **RULE),  # larger blocks, default rule
         ],
     },
     "levers": {
@@ -131,6 +132,7 @@ GRIDS: dict[str, dict[str, Any]] = {
                  update="sgd"),
             *(_run("flexdemo", 3e-3, compression_rate=1 / 8, compression_chunk=chunk, consensus="replicas",
                    momentum="adam", update="sgd") for chunk in (32, 64)),  # larger blocks still?
+            _run("flexdemo", 3e-3, compression_rate=1 / 8, compression_chunk=32, **RULE),  # ... for the default rule?
         ],
     },
     # At the package defaults: "delayed" is one step stale. ("backward" is "none"'s update, bit for bit, tested

@@ -100,8 +100,8 @@ def validate_knobs(
     *, compression_rate: float | None = None, compression_topk: int | None = None, compression_chunk: int = 1,
     compression_decay: float = 0.0, compression_feedback: float = 1.0, momentum: str = "lr",
     update: str = "sign", replicator: str = "demo", consensus: str = "choosers", value_dtype: str = "bfloat16",
-    replicator_seed: int = 0,
-    on_nonfinite: str = "skip", drift_check_every: int = 0, on_drift: str = "raise", overlap: str = "none",
+    replicator_seed: int = 0, on_nonfinite: str = "skip", drift_check_every: int = 0, on_drift: str = "raise",
+    overlap: str = "none",
     bucket_cap_mb: float = DEFAULT_BUCKET_MB, budget_bytes: int | None = None, budget_fraction: float | None = None,
     budget_min_rate: float = DEFAULT_MIN_RATE, budget_max_rate: float = DEFAULT_MAX_RATE,
 ) -> None:
