@@ -218,18 +218,17 @@ def _entry_scale(group: dict[str, Any], lr: float) -> float:
 
 def _rmsprop(
     params: list[Tensor], q: Tensor, avg_sq: Tensor, denominator: Tensor, *, step: float, lr: float, scale: float,
-    beta2: float, eps: float, weight_decay: float,
+    beta2: float, eps: float,
 ) -> None:
-    """AdamW without its first moment, fed ``g = scale * Q`` (``params``: the rows of the ``(P, *shape)`` ``Q``):
+    """AdamW without its first moment (the caller applies weight decay), fed ``g = scale * Q`` (``params``: the
+    rows of the ``(P, *shape)`` ``Q``):
 
-    ``v <- beta2 * v + (1 - beta2) * g^2``, ``p <- p * (1 - lr * wd) - lr * g / (sqrt(v / (1 - beta2^step)) + eps)``.
+    ``v <- beta2 * v + (1 - beta2) * g^2``, ``p <- p - lr * g / (sqrt(v / (1 - beta2^step)) + eps)``.
 
     The scale and the bias correction are folded into the constants, so besides ``v`` and ``p`` only the
     ``denominator`` buffer is written: five passes over the shard, where torch's AdamW with ``beta1 = 0`` fed a
     scaled copy of ``Q`` makes eight and keeps ``m``, a shard-sized copy of ``g``.
     """
-    if weight_decay:
-        torch._foreach_mul_(params, 1.0 - lr * weight_decay)
     avg_sq.mul_(beta2).addcmul_(q, q, value=(1.0 - beta2) * scale * scale)
     correction = (1.0 - beta2**step) ** 0.5
     torch.sqrt(avg_sq, out=denominator).add_(eps * correction)
@@ -807,8 +806,10 @@ class FlexDeMo(Optimizer):
         else:
             indices, values = received
             positions = torch.stack([layout.flat_positions(momentum.shape[0], i.long()).view(-1) for i in indices])
+        choosers = knobs["consensus"] == "choosers" and positions.shape[0] > 1  # only then are counts needed
         dense = compression.scatter_mean(positions, values, out=self._workspace("dense", momentum),
-                                         counts=self._workspace("counts", momentum), over=knobs["consensus"])
+                                         counts=self._workspace("counts", momentum) if choosers else None,
+                                         over=knobs["consensus"])
         return layout.idct(dense, out=self._workspace("signal", momentum),
                            scratch=self._workspace("dense_scratch", momentum))
 
@@ -845,14 +846,13 @@ class FlexDeMo(Optimizer):
             )
             return
         torch._foreach_add_([s["step"] for s in stack.states], 1.0)
+        if weight_decay:
+            torch._foreach_mul_(params, 1.0 - lr * weight_decay)
         if group["update"] == "rmsprop":
             avg_sq = _stack_rows(stack.states, "exp_avg_sq")
             _rmsprop(params, q, avg_sq, self._workspace("denominator", avg_sq), step=float(stack.states[0]["step"]),
-                     lr=lr, scale=to_gradient, beta2=group["betas"][1], eps=group["eps"], weight_decay=weight_decay)
-            return
-        if weight_decay:
-            torch._foreach_mul_(params, 1.0 - lr * weight_decay)
-        if group["update"] == "sign":
+                     lr=lr, scale=to_gradient, beta2=group["betas"][1], eps=group["eps"])
+        elif group["update"] == "sign":
             q.sign_()
             torch._foreach_add_(params, rows, alpha=-lr)
         else:
