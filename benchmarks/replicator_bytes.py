@@ -20,18 +20,20 @@ sums run over the rank's non-empty local shards; ``//`` is integer division as i
 
 * ``demo`` -- one all-gather of the packed payload::
 
-      payload = sum_params blocks * k * (index_bytes + value_bytes) + 1          # + 1 non-finite flag byte
+      payload = sum_params blocks * (position_bytes + k * value_bytes + scale_bytes) + 1   # + 1 flag byte
       bytes   = (R - 1) * payload
 
   ``blocks``/``block_numel`` from ``BlockLayout.for_shape(local_shape, chunk)``,
   ``k = compression.kept_per_block(block_numel, rate, None)``,
-  ``index_bytes = compression.index_dtype(block_numel).itemsize`` (int16 up to 181 x 181 blocks),
-  ``value_bytes`` = 2 (bf16; 4 with ``value_dtype="float32"``).
+  ``position_bytes = min(ceil(block_numel / 8), k * index_bytes)`` (a bitmask of the block when smaller than the
+  indices; ``index_bytes = compression.index_dtype(block_numel).itemsize``: 1 up to 16 x 16 blocks, then 2),
+  ``value_bytes`` = 2 (bf16; 4 with ``value_dtype="float32"``, 1 with ``"float8"``, which adds a 2-byte
+  ``scale_bytes`` per block): ``compression.block_payload_bytes``.
 * ``random`` -- one all-reduce of the values only (positions come from a shared seed), plus the flag as
   one more value::
 
       values = sum_params blocks * k
-      bytes  = 2 * (R - 1) * (values + 1) * value_bytes // R
+      bytes  = 2 * (R - 1) * (values + 1) * value_bytes // R         # bf16 when --value_dtype float8
 * ``full`` -- one all-reduce of the fp32 momentum, plus the flag::
 
       bytes = 2 * (R - 1) * (numel + 1) * 4 // R
@@ -59,6 +61,7 @@ import torch
 from machine import describe_machine
 
 from hf_flexdemo import compression
+from hf_flexdemo.compression import VALUE_DTYPES
 from hf_flexdemo.dct import BlockLayout
 from hf_flexdemo.optimizer import DEFAULT_CHUNK, DEFAULT_RATE
 from hf_flexdemo.replicate import dense_allreduce_bytes, exchange_bytes
@@ -88,7 +91,7 @@ def kept_coefficients(local_shapes: Sequence[tuple[int, ...]], rate: float, chun
 
 
 def bytes_per_rank(replicator: str, local_shapes: list[tuple[int, ...]], replicas: int, rate: float, chunk: int,
-                   value_bytes: int = 2) -> int:
+                   value_dtype: str = "bfloat16") -> int:
     """Bytes one rank sends across nodes in one optimizer step (the formulas of the module docstring).
 
     FlexDeMo's replicators are counted by ``hf_flexdemo.replicate.exchange_bytes``, the function the optimizer's
@@ -96,7 +99,7 @@ def bytes_per_rank(replicator: str, local_shapes: list[tuple[int, ...]], replica
     """
     if replicator != "adamw":
         return exchange_bytes(replicator, local_shapes, replicas, rate=rate, topk=None, chunk=chunk,
-                              value_bytes=value_bytes)
+                              value_dtype=value_dtype)
     return dense_allreduce_bytes(sum(torch.Size(shape).numel() for shape in local_shapes), replicas, 4)
 
 
@@ -140,7 +143,8 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, nargs="+", default=list(DEFAULT_NODES), help="values of R")
     parser.add_argument("--rate", type=float, default=DEFAULT_RATE, help="compression_rate (package default)")
     parser.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, help="compression_chunk (package default)")
-    parser.add_argument("--value_bytes", type=int, default=2, choices=(2, 4), help="2: bf16 values, 4: fp32")
+    parser.add_argument("--value_dtype", default="bfloat16", choices=tuple(VALUE_DTYPES),
+                        help="wire type of demo's values (random's all-reduce stays bfloat16 for float8)")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "replicator_bytes.json")
     args = parser.parse_args()
     if args.shard_size < 1 or min(args.nodes) < 1 or not 0 < args.rate <= 1 or args.chunk < 1:
@@ -150,7 +154,9 @@ def main() -> None:
     named_shapes, parameters = local_shard_shapes(args.config_name, args.shard_size)
     shapes = [shape for _, shape in named_shapes]
     nodes = sorted(set(args.nodes))
-    table = {r: {m: bytes_per_rank(m, shapes, r, args.rate, args.chunk, args.value_bytes) for m in REPLICATORS}
+    random_dtype = "bfloat16" if args.value_dtype == "float8" else args.value_dtype  # an all-reduce adds values
+    table = {r: {m: bytes_per_rank(m, shapes, r, args.rate, args.chunk,
+                                   random_dtype if m == "random" else args.value_dtype) for m in REPLICATORS}
              for r in nodes}
     rows = [{
         "replicas": r,
@@ -164,7 +170,7 @@ def main() -> None:
     kept = kept_coefficients(shapes, args.rate, args.chunk)
     coefficients = sum(blocks * k for blocks, k, _ in kept)
     numel = sum(torch.Size(s).numel() for s in shapes)
-    payload = bytes_per_rank("demo", shapes, 2, args.rate, args.chunk, args.value_bytes)
+    payload = bytes_per_rank("demo", shapes, 2, args.rate, args.chunk, args.value_dtype)
     # demo = (R-1) P and dense = 8 n (R-1)/R, so demo >= dense exactly when R >= 8 n / P.
     crossover_exact = 8 * numel / payload
     dense_cross = first_at_least(grid, per_r["demo"], per_r["adamw"])
@@ -174,7 +180,7 @@ def main() -> None:
         f"demo's all-gather sends (R-1) x {payload:,} B per rank, AdamW-HSDP's dense all-reduce (R-1)/R x 8 x "
         f"{numel:,} B: demo >= dense for R >= 8 n / payload = {crossover_exact:.2f} (on this grid from R = "
         f"{dense_cross}); demo >= random for every R >= {random_cross} on this grid (random's all-reduce stays "
-        f"below 2 x {(coefficients + 1) * args.value_bytes:,} B at any R)."
+        f"below 2 x {(coefficients + 1) * VALUE_DTYPES[random_dtype].itemsize:,} B at any R)."
     )
     report = {
         "command": shlex.join(sys.orig_argv),
@@ -184,10 +190,10 @@ def main() -> None:
         "settings": {
             "config_name": args.config_name, "vocab_size": T5_VOCAB_SIZE, "shard_size": args.shard_size,
             "nodes": nodes, "compression_rate": args.rate, "compression_chunk": args.chunk,
-            "value_bytes": args.value_bytes, "shard_of": "rank 0 (torch.chunk on dim 0, the largest shard)",
+            "value_dtype": args.value_dtype, "shard_of": "rank 0 (torch.chunk on dim 0, the largest shard)",
         },
         "formulas": {
-            "demo": "(R-1) * (sum_params blocks*k*(index_bytes+value_bytes) + 1)",
+            "demo": "(R-1) * (sum_params blocks*(min(ceil(block_numel/8), k*index_bytes)+k*value_bytes+scale_bytes)+1)",
             "random": "2*(R-1)*(sum_params blocks*k + 1)*value_bytes // R",
             "full": "2*(R-1)*(numel+1)*4 // R",
             "adamw": "2*(R-1)*numel*4 // R",

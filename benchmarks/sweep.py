@@ -66,6 +66,9 @@ GRIDS: dict[str, dict[str, Any]] = {
               for rate, chunk in ((1 / 8, 8), (1 / 4, 8), (1 / 8, 16), (1 / 8, 32))),
             _run("flexdemo", 3e-3, compression_rate=1 / 8, compression_chunk=8, consensus="replicas", **RULE),
             _run("flexdemo", 3e-3, compression_rate=1 / 8, compression_chunk=32, **RULE),  # larger blocks, default rule
+            # rate 1/4 in about the default's bytes: bitmask positions and float8 values (grid "levers")
+            *(_run("flexdemo", 3e-3, compression_rate=1 / 4, compression_chunk=chunk, consensus="replicas",
+                   momentum="adam", update="sgd", value_dtype="float8") for chunk in (8, 32)),
         ],
     },
     "levers": {
@@ -133,6 +136,11 @@ GRIDS: dict[str, dict[str, Any]] = {
             *(_run("flexdemo", 3e-3, compression_rate=1 / 8, compression_chunk=chunk, consensus="replicas",
                    momentum="adam", update="sgd") for chunk in (32, 64)),  # larger blocks still?
             _run("flexdemo", 3e-3, compression_rate=1 / 8, compression_chunk=32, **RULE),  # ... for the default rule?
+            # rate 1/4 in the default's bytes or fewer: positions as a bitmask of the block (1 bit per coefficient)
+            # and float8 values with a per-block scale (1 byte; error feedback sends what the rounding lost later)
+            *(_run("flexdemo", 3e-3, compression_rate=1 / 4, compression_chunk=chunk, consensus="replicas",
+                   momentum="adam", update="sgd", value_dtype="float8", **seed) for chunk, seed in
+              ((8, {}), (8, {"seed": 7}), (32, {}))),
         ],
     },
     # At the package defaults: "delayed" is one step stale. ("backward" is "none"'s update, bit for bit, tested

@@ -1,7 +1,13 @@
 """DeMo's momentum compression: which coefficients of each DCT block travel, and how replicas' payloads decode.
 
-A payload is, per block, ``k`` flat positions and their coefficients. ``k`` follows from a rate (the
+A payload is, per block, the positions of ``k`` coefficients and their values. ``k`` follows from a rate (the
 fraction of each block that travels, the same at any shard shape) or from DeMo's fixed top-``k``.
+
+On the wire (``replicator="demo"``), a block's positions are ``k`` in-block indices (8 bits up to 16 x 16 blocks)
+or, when smaller, a bitmask of the block (one bit per coefficient: at rate 1/8 of 8 x 8 the same 8 bytes as the
+indices, at 1/4 half). Values are ``bfloat16``, ``float32``, or ``float8``: e4m3 with one bfloat16 scale per
+block that maps the block's largest magnitude to e4m3's largest, so a coefficient costs one byte; the
+sender's error feedback subtracts the values as they arrive, so what rounding loses is sent later.
 
 * ``select_topk`` picks the ``k`` coefficients of largest magnitude in every block (``replicator="demo"``);
 * ``select_random`` picks ``k`` positions per block from a generator every replica seeds identically, so
@@ -13,7 +19,8 @@ fraction of each block that travels, the same at any shard shape) or from DeMo's
   feedback sends what a replica held back later, so the second is the replicas' mean momentum spread over
   time, where the first counts a coefficient that one replica of ``R`` sends ``R`` times. Replicas are
   added one at a time in a fixed order, so every replica computes bit-identical results from the same
-  gathered payload, and the memory is that of the dense coefficients plus the payload: ``O(numel + R * blocks * k)``.
+  gathered payload, and the memory is that of the dense coefficients plus the payload: ``O(numel + R * blocks * k)``;
+* ``scatter_masked`` is the same decode for positions that travel as bitmasks.
 
 Everything stays in the matrix layout of :class:`~hf_flexdemo.dct.BlockLayout`: a dense coefficient
 tensor goes back to a signal with :meth:`BlockLayout.idct` (two GEMMs).
@@ -30,11 +37,35 @@ from .dct import BlockLayout
 
 Consensus = Literal["choosers", "replicas"]
 CONSENSUSES: tuple[str, ...] = get_args(Consensus)
+ValueDtype = Literal["bfloat16", "float32", "float8"]
+VALUE_DTYPES: dict[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float32": torch.float32,
+                                        "float8": torch.float8_e4m3fn}
+_FP8_MAX = torch.finfo(torch.float8_e4m3fn).max  # 448
+_SCALE_DTYPE = torch.bfloat16  # float8's per-block scale
 
 
 def index_dtype(block_numel: int) -> torch.dtype:
-    """Smallest integer type that holds a flat position inside a block (int16 up to 181 x 181)."""
+    """Smallest integer type that holds a flat position inside a block (uint8 up to 16 x 16, int16 up to 181 x 181)."""
+    if block_numel <= 256:
+        return torch.uint8
     return torch.int16 if block_numel <= torch.iinfo(torch.int16).max + 1 else torch.int32
+
+
+def uses_bitmask(block_numel: int, k: int) -> bool:
+    """Whether a block's positions travel as a bitmask: when ``ceil(block_numel / 8)`` bytes beat ``k`` indices."""
+    return -(-block_numel // 8) < k * index_dtype(block_numel).itemsize
+
+
+def block_payload_bytes(block_numel: int, k: int, value_dtype: str) -> int:
+    """Wire bytes of one block: positions (indices or bitmask), ``k`` values and float8's scale."""
+    positions = min(-(-block_numel // 8), k * index_dtype(block_numel).itemsize)
+    scale = _SCALE_DTYPE.itemsize if value_dtype == "float8" else 0
+    return positions + k * VALUE_DTYPES[value_dtype].itemsize + scale
+
+
+def transform_dtype(value_dtype: str) -> torch.dtype:
+    """The dtype the DCT and the selection run in: the wire's, bfloat16 for float8 (scaled as it is encoded)."""
+    return torch.bfloat16 if value_dtype == "float8" else VALUE_DTYPES[value_dtype]
 
 
 def kept_per_block(block_numel: int, rate: float | None, topk: int | None) -> int:
@@ -68,13 +99,53 @@ def select_random(layout: BlockLayout, count: int, k: int, generator: torch.Gene
     return scores.topk(k, dim=1, sorted=False).indices
 
 
-def gather(
-    coefficients: Tensor, layout: BlockLayout, indices: Tensor, value_dtype: torch.dtype
-) -> tuple[Tensor, Tensor]:
+def gather(coefficients: Tensor, layout: BlockLayout, indices: Tensor) -> tuple[Tensor, Tensor]:
     """``(positions, values)``: flat positions in ``coefficients`` of in-block ``indices``, and the
-    coefficients there, rounded to ``value_dtype`` as they travel."""
+    coefficients there, ``(N, k)`` like ``indices``."""
     positions = layout.flat_positions(coefficients.shape[0], indices).view(-1)
-    return positions, coefficients.reshape(-1)[positions].to(value_dtype)
+    return positions, coefficients.reshape(-1)[positions].view(indices.shape)
+
+
+def encode_positions(indices: Tensor, block_numel: int) -> Tensor:
+    """The wire form of ``(N, k)`` in-block indices: the indices in :func:`index_dtype`, or (see
+    :func:`uses_bitmask`) an ``(N, ceil(block_numel / 8))`` uint8 bitmask, bit ``i % 8`` of byte ``i // 8`` for
+    index ``i``. A bitmask orders the block's values by ascending index, so ``indices`` must then be sorted."""
+    count, k = indices.shape
+    if not uses_bitmask(block_numel, k):
+        return indices.to(index_dtype(block_numel))
+    width = -(-block_numel // 8)
+    bits = torch.zeros(count, width * 8, dtype=torch.bool, device=indices.device).scatter_(1, indices, True)
+    bits = bits.view(count, width, 8).view(torch.uint8)
+    packed = bits[..., 0].clone()
+    for bit in range(1, 8):
+        packed.bitwise_or_(bits[..., bit] << bit)
+    return packed
+
+
+def decode_mask(packed: Tensor, block_numel: int) -> Tensor:
+    """The ``(..., block_numel)`` bool mask of a bitmask from :func:`encode_positions`."""
+    shifts = torch.arange(8, dtype=torch.uint8, device=packed.device)
+    bits = (packed.unsqueeze(-1) >> shifts).bitwise_and_(1)
+    return bits.view(*packed.shape[:-1], -1)[..., :block_numel].bool()
+
+
+def encode_values(values: Tensor, value_dtype: str) -> list[Tensor]:
+    """The wire pieces of ``(N, k)`` values: the values in ``value_dtype``; for ``"float8"`` the e4m3 values and
+    the ``(N, 1)`` per-block scale (the block's largest magnitude maps to e4m3's largest)."""
+    if value_dtype != "float8":
+        return [values.to(VALUE_DTYPES[value_dtype])]
+    largest = values.abs().amax(dim=1, keepdim=True).float()
+    scale = torch.where(largest > 0, largest / _FP8_MAX, 1.0).to(_SCALE_DTYPE)
+    scaled = values.float().div_(scale.float()).clamp_(-_FP8_MAX, _FP8_MAX)
+    return [scaled.to(torch.float8_e4m3fn), scale]
+
+
+def decode_values(pieces: list[Tensor]) -> Tensor:
+    """The float32 values that :func:`encode_values`'s ``pieces`` carry (any leading dimensions)."""
+    if len(pieces) == 1:
+        return pieces[0].float()
+    values, scale = pieces
+    return values.float().mul_(scale.float())
 
 
 def scatter_mean(
@@ -99,4 +170,27 @@ def scatter_mean(
         for where in positions:
             chooser.index_add_(0, where, ones)
         flat.div_(chooser.clamp_(min=1))
+    return out
+
+
+def scatter_masked(
+    masks: Tensor, values: Tensor, layout: BlockLayout, out: Tensor, scratch: Tensor, counts: Tensor | None,
+    over: Consensus = "choosers",
+) -> Tensor:
+    """:func:`scatter_mean` for positions that travel as bitmasks: ``masks`` ``(R, N, block_numel)`` bool,
+    ``values`` ``(R, N, k)`` in ascending in-block order. ``scratch`` (``out``'s size) takes the second and
+    later replicas' coefficients one at a time; ``counts`` as in :func:`scatter_mean`. Rows are added in order."""
+    shape = layout.blocks(out).shape
+    for row, (mask, value) in enumerate(zip(masks, values)):
+        target = (out if row == 0 else scratch).zero_()
+        layout.blocks(target).masked_scatter_(mask.view(shape), value.to(out.dtype))
+        if row:
+            out.add_(target)
+    if over == "replicas":
+        return out.div_(masks.shape[0])
+    if masks.shape[0] > 1:
+        chooser = layout.blocks(counts.zero_())
+        for mask in masks:
+            chooser.add_(mask.view(shape))
+        out.div_(counts.clamp_(min=1))
     return out

@@ -56,20 +56,19 @@ from torch.optim.adamw import adamw
 from torch.profiler import record_function
 
 from . import budget, compression, guards
+from .compression import VALUE_DTYPES, ValueDtype
 from .dct import BlockLayout
 from .guards import DriftAction, NonfiniteAction
 from .replicate import CommStats, Pending, ReplicateGroup, dense_allreduce_bytes, exchange_bytes, pack, unpack
 
 Update = Literal["sign", "sgd", "adamw", "rmsprop"]
 Replicator = Literal["demo", "random", "full", "none"]
-ValueDtype = Literal["bfloat16", "float32"]
 Momentum = Literal["lr", "ema", "avg", "adam"]
 Overlap = Literal["none", "backward", "delayed"]
 UPDATES: tuple[str, ...] = get_args(Update)
 REPLICATORS: tuple[str, ...] = get_args(Replicator)
 MOMENTUMS: tuple[str, ...] = get_args(Momentum)
 OVERLAPS: tuple[str, ...] = get_args(Overlap)
-VALUE_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 PARAM_DTYPES = (torch.float32, torch.bfloat16)
 # The measured operating point (README "Choosing the defaults"; benchmarks/results/sweep_density.json).
 DEFAULT_RATE = 1 / 8
@@ -122,6 +121,9 @@ def validate_knobs(
     _check(replicator in REPLICATORS, "replicator", replicator, " | ".join(REPLICATORS))
     _check(consensus in compression.CONSENSUSES, "consensus", consensus, " | ".join(compression.CONSENSUSES))
     _check(value_dtype in VALUE_DTYPES, "value_dtype", value_dtype, " | ".join(VALUE_DTYPES))
+    _check(value_dtype != "float8" or replicator != "random", "value_dtype", value_dtype,
+           "'bfloat16' | 'float32' with replicator='random' (its all-reduce sums values; float8's per-block "
+           "scales do not add up), or replicator='demo' for float8")
     _check(isinstance(replicator_seed, int) and replicator_seed >= 0, "replicator_seed", replicator_seed,
            "an integer >= 0")
     _check(on_nonfinite in guards.NONFINITE_ACTIONS, "on_nonfinite", on_nonfinite,
@@ -170,8 +172,8 @@ class _Stack:
     moments: dict[str, list[Tensor]] | None = None  # momentum "avg"/"adam": the candidate gradient moments
     lr: float = 0.0  # the learning rate ``momentum`` was built with
     positions: Tensor | None = None  # flat positions of the kept coefficients in ``momentum``
-    indices: Tensor | None = None  # their in-block positions as they travel ("demo")
-    values: Tensor | None = None  # their values as they travel
+    values: Tensor | None = None  # their ``(N, k)`` coefficients, before the wire's rounding
+    wire: list[Tensor] = field(default_factory=list)  # what travels: positions ("demo") and encoded values
 
     def locals(self) -> list[Tensor]:
         return [_local(p) for p in self.params]
@@ -277,7 +279,8 @@ class FlexDeMo(Optimizer):
             that chose each one (``"choosers"``, DeMo) or over all replicas (``"replicas"``: the mean momentum;
             the other replicators always average over all replicas).
         weight_decay: decoupled weight decay.
-        value_dtype: wire type of the coefficients, ``"bfloat16"`` or ``"float32"``.
+        value_dtype: wire type of the coefficients, ``"bfloat16"``, ``"float32"`` or ``"float8"`` (e4m3 with a
+            bfloat16 scale per block; ``replicator="demo"`` only).
         replicator_seed: seed of ``replicator="random"``'s positions (the same on every replica).
         betas, eps: AdamW constants, used with ``update="adamw"``.
         overlap: ``"none"``, ``"backward"`` (start each bucket's exchange during backward; the same
@@ -519,7 +522,7 @@ class FlexDeMo(Optimizer):
         return sum(
             exchange_bytes(knobs["replicator"], [tuple(_local(p).shape) for p in group["params"] if p.requires_grad],
                            self.replicate.size, rate=rate, topk=None, chunk=group["compression_chunk"],
-                           value_bytes=VALUE_DTYPES[knobs["value_dtype"]].itemsize)
+                           value_dtype=knobs["value_dtype"])
             for group in self.param_groups
         )
 
@@ -665,17 +668,19 @@ class FlexDeMo(Optimizer):
     def _compress(self, stacks: list[_Stack], knobs: dict[str, Any]) -> Tensor:
         """The new momentum and payload of every stack; returns this rank's non-finite flag.
 
-        Non-finite values are zeroed before they can travel (the flag tells every rank to skip).
+        Non-finite values are zeroed before they are encoded (the flag tells every rank to skip).
         """
-        value_dtype = VALUE_DTYPES[knobs["value_dtype"]]
         for stack in stacks:
             stack.momentum, stack.lr = self._momentum(stack), stack.group["lr"]
             if knobs["replicator"] != "full":
-                self._select(stack, value_dtype, knobs)
+                self._select(stack, knobs)
         payload = [s.momentum if knobs["replicator"] == "full" else s.values for s in stacks]
         flag = guards.nonfinite(payload, self._device)
         for values in payload:
             torch.nan_to_num_(values, nan=0.0, posinf=0.0, neginf=0.0)
+        if knobs["replicator"] != "full":
+            for stack in stacks:
+                self._feedback(stack, knobs)
         return flag
 
     def _momentum(self, stack: _Stack) -> Tensor:
@@ -709,27 +714,36 @@ class FlexDeMo(Optimizer):
         torch._foreach_div_(direction, 1.0 - beta1**step)
         return direction
 
-    def _select(self, stack: _Stack, value_dtype: torch.dtype, knobs: dict[str, Any]) -> None:
-        """DCT, choice of the kept coefficients, and error feedback on the stack's new momentum."""
+    def _select(self, stack: _Stack, knobs: dict[str, Any]) -> None:
+        """DCT of the stack's new momentum and the kept coefficients: their positions and values."""
         layout, momentum = stack.layout, stack.momentum
-        # Coefficients travel rounded to value_dtype, so the transform runs in it too (bf16 GEMMs are ~3x
-        # faster); error feedback still subtracts exactly the rounded values, synthesised in float32.
-        source = momentum if value_dtype == momentum.dtype else self._workspace("source", momentum, value_dtype)
+        # Coefficients travel rounded to the wire's type, so the transform runs in it too (bf16 GEMMs are ~3x
+        # faster); error feedback still subtracts exactly the values as they arrive, synthesised in float32.
+        dtype = compression.transform_dtype(knobs["value_dtype"])
+        source = momentum if dtype == momentum.dtype else self._workspace("source", momentum, dtype)
         if source is not momentum:
             source.copy_(momentum)
-        coefficients = layout.dct(source, out=self._workspace("coefficients", momentum, value_dtype),
-                                  scratch=self._workspace("scratch", momentum, value_dtype))
+        coefficients = layout.dct(source, out=self._workspace("coefficients", momentum, dtype),
+                                  scratch=self._workspace("scratch", momentum, dtype))
         k = self._kept(stack)
         if knobs["replicator"] == "random":
             generator = torch.Generator(device=self._device)
             generator.manual_seed(knobs["replicator_seed"] * 2**40 + self.steps * 2**16 + stack.seed)
             indices = compression.select_random(layout, momentum.shape[0], k, generator)
+            stack.wire = []  # every replica draws the positions: only values travel
         else:
-            magnitude = self._workspace("scratch", momentum, value_dtype)
-            indices = compression.select_topk(coefficients, layout, k, magnitude)
-        stack.positions, stack.values = compression.gather(coefficients, layout, indices, value_dtype)
-        stack.indices = indices.to(compression.index_dtype(layout.block_numel))
-        sent = compression.scatter_mean(stack.positions.unsqueeze(0), stack.values.unsqueeze(0),
+            indices = compression.select_topk(coefficients, layout, k, self._workspace("scratch", momentum, dtype))
+            if compression.uses_bitmask(layout.block_numel, k):
+                indices = indices.sort(dim=1).values  # a bitmask carries a block's values in ascending order
+            stack.wire = [compression.encode_positions(indices, layout.block_numel)]
+        stack.positions, stack.values = compression.gather(coefficients, layout, indices)
+
+    def _feedback(self, stack: _Stack, knobs: dict[str, Any]) -> None:
+        """Encode the stack's values for the wire; error feedback subtracts them as every replica decodes them."""
+        layout, momentum = stack.layout, stack.momentum
+        pieces = compression.encode_values(stack.values, knobs["value_dtype"])
+        stack.wire += pieces
+        sent = compression.scatter_mean(stack.positions.unsqueeze(0), compression.decode_values(pieces).view(1, -1),
                                         out=self._workspace("dense", momentum), counts=None)
         estimate = layout.idct(sent, out=self._workspace("signal", momentum),
                                scratch=self._workspace("dense_scratch", momentum))
@@ -740,11 +754,11 @@ class FlexDeMo(Optimizer):
         replicator = knobs["replicator"]
         trailer = [flag.reshape(1)] + ([self._timing] if knobs["budget_fraction"] is not None else [])
         if replicator == "demo":
-            like = [t for s in stacks for t in (s.indices, s.values)] + trailer
+            like = [t for s in stacks for t in s.wire] + trailer
             self._stats.coefficients += sum(s.values.numel() for s in stacks)
             return _Exchange(stacks, self.replicate.all_gather(pack(like), self._stats), like)
         if replicator in ("random", "full"):
-            payload = [s.values if replicator == "random" else s.momentum.reshape(-1) for s in stacks]
+            payload = [(s.wire[0] if replicator == "random" else s.momentum).reshape(-1) for s in stacks]
             dtype = VALUE_DTYPES[knobs["value_dtype"]] if replicator == "random" else torch.float32
             like = payload + [t.to(dtype) for t in trailer]
             self._stats.coefficients += sum(t.numel() for t in payload) if replicator == "random" else 0
@@ -764,8 +778,9 @@ class FlexDeMo(Optimizer):
                 received += [None] * count
             elif replicator == "demo":
                 parts = unpack(exchange.pending.wait(), exchange.like)
-                received += [(parts[2 * i], parts[2 * i + 1]) for i in range(count)]
-                parts = parts[2 * count:]
+                for stack in exchange.stacks:
+                    received.append(parts[: len(stack.wire)])
+                    parts = parts[len(stack.wire):]
             else:
                 parts = list(exchange.pending.wait().split([t.numel() for t in exchange.like]))
                 received += parts[:count]
@@ -796,20 +811,25 @@ class FlexDeMo(Optimizer):
     def _decode(self, stack: _Stack, received: Any, knobs: dict[str, Any]) -> Tensor:
         """``Q`` of the stack, ``(P, *shape)`` in float32, the same on every replica."""
         momentum, layout = stack.momentum, stack.layout
-        replicator, replicas = knobs["replicator"], self.replicate.size
+        replicator, replicas, over = knobs["replicator"], self.replicate.size, knobs["consensus"]
+        dense = self._workspace("dense", momentum)
         if replicator == "full":
             return received.view_as(momentum).div_(replicas)
-        if replicator == "none":
-            positions, values = stack.positions.unsqueeze(0), stack.values.unsqueeze(0)
-        elif replicator == "random":
-            positions, values = stack.positions.unsqueeze(0), received.float().div_(replicas).unsqueeze(0)
+        if replicator == "random":
+            dense = compression.scatter_mean(stack.positions.unsqueeze(0),
+                                             received.float().div_(replicas).unsqueeze(0), out=dense, counts=None)
         else:
-            indices, values = received
-            positions = torch.stack([layout.flat_positions(momentum.shape[0], i.long()).view(-1) for i in indices])
-        choosers = knobs["consensus"] == "choosers" and positions.shape[0] > 1  # only then are counts needed
-        dense = compression.scatter_mean(positions, values, out=self._workspace("dense", momentum),
-                                         counts=self._workspace("counts", momentum) if choosers else None,
-                                         over=knobs["consensus"])
+            where, *pieces = [t.unsqueeze(0) for t in stack.wire] if replicator == "none" else received
+            values = compression.decode_values(pieces)  # (R, N, k)
+            counts = self._workspace("counts", momentum) if over == "choosers" and values.shape[0] > 1 else None
+            if compression.uses_bitmask(layout.block_numel, values.shape[-1]):
+                masks = compression.decode_mask(where, layout.block_numel)
+                dense = compression.scatter_masked(masks, values, layout, out=dense,
+                                                   scratch=self._workspace("replica", momentum), counts=counts,
+                                                   over=over)
+            else:
+                positions = torch.stack([layout.flat_positions(momentum.shape[0], i.long()).view(-1) for i in where])
+                dense = compression.scatter_mean(positions, values.flatten(1), out=dense, counts=counts, over=over)
         return layout.idct(dense, out=self._workspace("signal", momentum),
                            scratch=self._workspace("dense_scratch", momentum))
 

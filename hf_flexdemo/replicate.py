@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .compression import index_dtype, kept_per_block
+from .compression import VALUE_DTYPES, block_payload_bytes, kept_per_block
 from .dct import BlockLayout
 
 
@@ -71,11 +71,12 @@ def all_gather_into(output: Tensor, tensor: Tensor, group: dist.ProcessGroup | N
 
 def exchange_bytes(
     replicator: str, local_shapes: list[tuple[int, ...]], replicas: int, *, rate: float | None, topk: int | None,
-    chunk: int, value_bytes: int = 2, timing: bool = False,
+    chunk: int, value_dtype: str = "bfloat16", timing: bool = False,
 ) -> int:
     """Bytes one rank sends per optimizer step with ``replicator``, from its local shard shapes.
 
-    * ``demo``: all-gather of positions and values (+ the 1-byte flag): ``(R - 1) * payload``;
+    * ``demo``: all-gather of every block's positions and values (``compression.block_payload_bytes``) and the
+      1-byte flag: ``(R - 1) * payload``;
     * ``random``: all-reduce of the values (+ one flag value): ``2 (R - 1) / R * kept * value_bytes``;
     * ``full``: all-reduce of the fp32 momentum (+ the flag): ``2 (R - 1) / R * numel * 4``;
     * ``none`` or one replica: nothing.
@@ -86,20 +87,20 @@ def exchange_bytes(
     """
     if replicas == 1 or replicator == "none":
         return 0
-    kept = numel = index_bytes = 0
+    kept = numel = payload = 0
     for shape in local_shapes:
         if not math.prod(shape):
             continue
         layout = BlockLayout.for_shape(tuple(shape), chunk)
-        count = layout.num_blocks * kept_per_block(layout.block_numel, rate, topk)
-        kept += count
+        k = kept_per_block(layout.block_numel, rate, topk)
+        kept += layout.num_blocks * k
         numel += math.prod(shape)
-        index_bytes += count * index_dtype(layout.block_numel).itemsize
+        payload += layout.num_blocks * block_payload_bytes(layout.block_numel, k, value_dtype)
     trailer = 1 + int(timing)  # the non-finite flag, the timing
     if replicator == "demo":
-        return (replicas - 1) * (index_bytes + kept * value_bytes + 1 + 4 * int(timing))
+        return (replicas - 1) * (payload + 1 + 4 * int(timing))
     if replicator == "random":
-        return dense_allreduce_bytes(kept + trailer, replicas, value_bytes)
+        return dense_allreduce_bytes(kept + trailer, replicas, VALUE_DTYPES[value_dtype].itemsize)
     return dense_allreduce_bytes(numel + trailer, replicas, 4)
 
 

@@ -25,9 +25,8 @@ def test_topk_selects_largest_magnitudes_of_every_block(dtype):
     assert indices.shape == (3 * 6, 5)
     assert torch.equal(indices.sort(dim=1).values, blocks.abs().topk(5, dim=1).indices.sort(dim=1).values)
     assert {0, 1} <= set(indices[0].tolist())
-    positions, values = compression.gather(c, layout, indices, torch.bfloat16)
-    assert values.dtype == torch.bfloat16
-    torch.testing.assert_close(values.float(), blocks.gather(1, indices).reshape(-1).bfloat16().float())
+    positions, values = compression.gather(c, layout, indices)
+    assert torch.equal(values, blocks.gather(1, indices))
     assert positions.shape == (3 * 6 * 5,)
 
 
@@ -83,9 +82,64 @@ def test_decode_over_replicas_is_the_sum_over_all_replicas_divided_by_their_coun
 
 
 def test_index_dtype_boundary():
+    assert compression.index_dtype(16 * 16) == torch.uint8
+    assert compression.index_dtype(257) == torch.int16
     assert compression.index_dtype(181 * 181) == torch.int16
     assert compression.index_dtype(32768) == torch.int16
     assert compression.index_dtype(32769) == torch.int32
+
+
+@pytest.mark.parametrize(("block_numel", "k", "bitmask"),
+                         [(64, 8, False), (64, 9, True), (64, 64, True), (4096, 4, False), (4096, 1024, True),
+                          (6, 1, False), (6, 2, True)])
+def test_positions_travel_in_the_smaller_form_and_round_trip(block_numel, k, bitmask):
+    torch.manual_seed(0)
+    indices = torch.rand(50, block_numel).topk(k, dim=1).indices.sort(dim=1).values
+    wire = compression.encode_positions(indices, block_numel)
+    assert compression.uses_bitmask(block_numel, k) is bitmask
+    assert wire.nbytes == 50 * min(-(-block_numel // 8), k * compression.index_dtype(block_numel).itemsize)
+    if bitmask:
+        mask = compression.decode_mask(wire.unsqueeze(0), block_numel)[0]
+        assert torch.equal(mask, torch.zeros(50, block_numel, dtype=torch.bool).scatter_(1, indices, True))
+    else:
+        assert torch.equal(wire.long(), indices)
+
+
+@pytest.mark.parametrize("value_dtype", ["bfloat16", "float32", "float8"])
+def test_values_on_the_wire(value_dtype):
+    """The wire's bytes equal ``block_payload_bytes``; float8 keeps every value within e4m3's rounding (3 mantissa
+    bits: 1/16 relative) of the block's scale, and an all-zero block stays zero."""
+    torch.manual_seed(0)
+    values = (torch.randn(40, 16) * torch.logspace(-6, 2, 40).unsqueeze(1)).bfloat16()
+    values[3] = 0
+    pieces = compression.encode_values(values, value_dtype)
+    positions = compression.encode_positions(torch.arange(16).expand(40, 16), 64)
+    assert positions.nbytes + sum(p.nbytes for p in pieces) == 40 * compression.block_payload_bytes(64, 16, value_dtype)
+    decoded = compression.decode_values([p.unsqueeze(0) for p in pieces])[0]
+    assert decoded.dtype == torch.float32 and decoded.shape == values.shape
+    if value_dtype != "float8":
+        assert torch.equal(decoded, values.float())
+        return
+    largest = values.float().abs().amax(dim=1, keepdim=True)
+    assert torch.all((decoded - values.float()).abs() <= values.float().abs() / 16 + largest * 2.0**-9 / 448 * 1.01)
+    assert torch.equal(decoded[3], torch.zeros(16))
+
+
+@pytest.mark.parametrize("over", ["choosers", "replicas"])
+def test_bitmask_decode_equals_the_index_decode(over):
+    torch.manual_seed(0)
+    layout = BlockLayout.for_shape((16, 24), 8)
+    k, count, replicas = 20, 2, 3
+    blocks = count * layout.num_blocks
+    indices = torch.rand(replicas, blocks, 64).topk(k, dim=2).indices.sort(dim=2).values
+    values = torch.randn(replicas, blocks, k)
+    positions = torch.stack([layout.flat_positions(count, i).view(-1) for i in indices])
+    expected = compression.scatter_mean(positions, values.flatten(1), out=torch.empty(count, 16, 24),
+                                        counts=torch.empty(count, 16, 24), over=over)
+    masks = compression.decode_mask(torch.stack([compression.encode_positions(i, 64) for i in indices]), 64)
+    dense = compression.scatter_masked(masks, values, layout, out=torch.empty(count, 16, 24),
+                                       scratch=torch.empty(count, 16, 24), counts=torch.empty(count, 16, 24), over=over)
+    torch.testing.assert_close(dense, expected, rtol=0, atol=0)
 
 
 _DECODE_64 = """

@@ -18,7 +18,7 @@ def _divisor(n: int, limit: int) -> int:
 
 UPDATES = ["sign", "sgd", "adamw"]
 CASES = [
-    "replicas,value_dtype=bfloat16", "replicas,value_dtype=float32",
+    "replicas,value_dtype=bfloat16", "replicas,value_dtype=float32", "replicas,value_dtype=float8",
     *(f"dense_limit,update={u},replicator={r}" for r in ("demo", "full") for u in UPDATES),
     "reference,topology=one_node", "reference,topology=one_rank_per_node",
     *(f"reference,topology=two_by_two,update={u}" for u in UPDATES),
@@ -44,7 +44,7 @@ def _case(suite, spec):
     return [rank[spec] for rank in suite]
 
 
-@pytest.fixture(params=["bfloat16", "float32"])
+@pytest.fixture(params=["bfloat16", "float32", "float8"])
 def replicas_run(request, suite):
     return request.param, _case(suite, f"replicas,value_dtype={request.param}")
 
@@ -60,30 +60,33 @@ def test_replicas_bit_identical_after_training(replicas_run):
     assert sum(ranks[0]["losses"][-10:]) < sum(ranks[0]["losses"][:10])
 
 
-def _payload(local_shapes, topk: int, chunk: int, value_bytes: int) -> tuple[int, int]:
-    """(kept coefficients, payload bytes) of one rank's shards: top-k per block, an int16 index + a value each."""
-    coefficients = 0
+def _payload(local_shapes, topk: int, chunk: int, value_dtype: str) -> tuple[int, int]:
+    """(kept coefficients, payload bytes) of one rank's shards. Per block of n <= 64 coefficients: the top-k
+    positions as 1-byte indices or an n-bit mask, whichever is smaller, a value each, and float8's 2-byte scale."""
+    value_bytes, scale_bytes = {"bfloat16": (2, 0), "float32": (4, 0), "float8": (1, 2)}[value_dtype]
+    coefficients = payload = 0
     for shape in local_shapes:
         if not math.prod(shape):
             continue
         rows, cols = (1, shape[0]) if len(shape) == 1 else (shape[0], math.prod(shape[1:]))
         n1, n2 = _divisor(rows, chunk), _divisor(cols, chunk)
-        coefficients += (rows // n1) * (cols // n2) * min(topk, n1 * n2)
-    return coefficients, coefficients * (2 + value_bytes)
+        blocks, k = (rows // n1) * (cols // n2), min(topk, n1 * n2)
+        coefficients += blocks * k
+        payload += blocks * (min(k, math.ceil(n1 * n2 / 8)) + k * value_bytes + scale_bytes)
+    return coefficients, payload
 
 
 def test_comm_bytes_match_formula(replicas_run):
     """Sent: this rank's payload once to each of its R - 1 peers (ring all-gather). Received: each peer's own
     payload, computed from the peer's shard shapes."""
     value_dtype, ranks = replicas_run
-    value_bytes = {"bfloat16": 2, "float32": 4}[value_dtype]
     topk, chunk, replicas = 2, 8, 2
     groups = [(0, 2), (1, 3)]  # same shard index, different nodes
     for r, rank in enumerate(ranks):
-        coefficients, payload = _payload(rank["local_shapes"], topk, chunk, value_bytes)
+        coefficients, payload = _payload(rank["local_shapes"], topk, chunk, value_dtype)
         numel = sum(math.prod(shape) for shape in rank["local_shapes"])
         peers = [p for group in groups if r in group for p in group if p != r]
-        received = sum(_payload(ranks[p]["local_shapes"], topk, chunk, value_bytes)[1] for p in peers)
+        received = sum(_payload(ranks[p]["local_shapes"], topk, chunk, value_dtype)[1] for p in peers)
         stats = rank["comm_stats"]
         assert stats["coefficients"] == coefficients
         assert stats["bytes_sent"] == (replicas - 1) * (payload + 1)  # + the 1-byte non-finite flag
