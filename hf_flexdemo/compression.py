@@ -37,7 +37,7 @@ from .dct import BlockLayout
 
 Consensus = Literal["choosers", "replicas"]
 CONSENSUSES: tuple[str, ...] = get_args(Consensus)
-ValueDtype = Literal["bfloat16", "float32", "float8"]
+ValueDtype = Literal["auto", "bfloat16", "float32", "float8"]  # "auto": float8 for replicator="demo", else bfloat16
 VALUE_DTYPES: dict[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float32": torch.float32,
                                         "float8": torch.float8_e4m3fn}
 _FP8_MAX = torch.finfo(torch.float8_e4m3fn).max  # 448
@@ -141,9 +141,10 @@ def encode_values(values: Tensor, value_dtype: str) -> list[Tensor]:
 
 
 def decode_values(pieces: list[Tensor]) -> Tensor:
-    """The float32 values that :func:`encode_values`'s ``pieces`` carry (any leading dimensions)."""
+    """The values that :func:`encode_values`'s ``pieces`` carry (any leading dimensions): float32 for float8, else
+    the wire's type (the decode converts them one replica at a time)."""
     if len(pieces) == 1:
-        return pieces[0].float()
+        return pieces[0]
     values, scale = pieces
     return values.float().mul_(scale.float())
 
@@ -174,23 +175,28 @@ def scatter_mean(
 
 
 def scatter_masked(
-    masks: Tensor, values: Tensor, layout: BlockLayout, out: Tensor, scratch: Tensor, counts: Tensor | None,
+    bitmasks: Tensor, pieces: list[Tensor], layout: BlockLayout, out: Tensor, scratch: Tensor, counts: Tensor | None,
     over: Consensus = "choosers",
 ) -> Tensor:
-    """:func:`scatter_mean` for positions that travel as bitmasks: ``masks`` ``(R, N, block_numel)`` bool,
-    ``values`` ``(R, N, k)`` in ascending in-block order. ``scratch`` (``out``'s size) takes the second and
-    later replicas' coefficients one at a time; ``counts`` as in :func:`scatter_mean`. Rows are added in order."""
+    """:func:`scatter_mean` for positions that travel as bitmasks: ``bitmasks`` ``(R, N, ceil(block_numel / 8))``
+    and the :func:`encode_values` pieces with a leading ``R``, each block's values in ascending in-block order.
+
+    A replica's mask and values are decoded when it is added, so beyond the payload the memory is ``out``,
+    ``scratch`` (``out``'s size: the second and later replicas' coefficients), ``counts`` (as in
+    :func:`scatter_mean`) and one replica's mask and values. Rows are added in order, as there.
+    """
     shape = layout.blocks(out).shape
-    for row, (mask, value) in enumerate(zip(masks, values)):
+    chooser = layout.blocks(counts.zero_()) if counts is not None else None
+    for row in range(bitmasks.shape[0]):
+        mask = decode_mask(bitmasks[row], layout.block_numel).view(shape)
         target = (out if row == 0 else scratch).zero_()
-        layout.blocks(target).masked_scatter_(mask.view(shape), value.to(out.dtype))
+        layout.blocks(target).masked_scatter_(mask, decode_values([piece[row] for piece in pieces]).to(out.dtype))
         if row:
             out.add_(target)
+        if chooser is not None:
+            chooser.add_(mask)
     if over == "replicas":
-        return out.div_(masks.shape[0])
-    if masks.shape[0] > 1:
-        chooser = layout.blocks(counts.zero_())
-        for mask in masks:
-            chooser.add_(mask.view(shape))
+        return out.div_(bitmasks.shape[0])
+    if bitmasks.shape[0] > 1:
         out.div_(counts.clamp_(min=1))
     return out

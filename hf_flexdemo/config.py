@@ -54,17 +54,21 @@ class FlexDeMoConfig:
         default=1.0, metadata={"help": "Fraction of the sent signal error feedback removes from the momentum."}
     )
     momentum: Momentum = field(
-        default="lr", metadata={"help": "A gradient enters the momentum as lr * g (lr), (1 - decay) * g (ema), or "
+        default="adam", metadata={"help": "A gradient enters the momentum as lr * g (lr), (1 - decay) * g (ema), or "
                                         "AdamW's first moment (avg) or direction m / (sqrt(v) + eps) (adam)."}
     )
-    update: Update = field(default="rmsprop", metadata={"help": "Update rule."})
+    update: Update = field(default="sgd", metadata={"help": "Update rule."})
     replicator: Replicator = field(default="demo", metadata={"help": "Cross-node exchange."})
     consensus: Consensus = field(
-        default="choosers",
+        default="replicas",
         metadata={"help": "replicator='demo': a coefficient is the mean over the replicas that chose it (choosers, "
                           "DeMo) or over all replicas (replicas: the mean momentum)."},
     )
-    value_dtype: ValueDtype = field(default="bfloat16", metadata={"help": "Wire type of coefficients."})
+    value_dtype: ValueDtype = field(
+        default="auto",
+        metadata={"help": "Wire type of coefficients (float8: e4m3 with a bfloat16 scale per block, demo only; auto: "
+                          "float8 for replicator='demo', else bfloat16)."},
+    )
     replicator_seed: int = field(default=0, metadata={"help": "Seed of replicator='random''s shared positions."})
     overlap: Overlap = field(
         default="none",

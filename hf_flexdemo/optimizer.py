@@ -4,16 +4,16 @@ Per step and per parameter shard (``g`` already averaged over the node by FSDP):
 
 1. momentum ``delta <- beta * delta + lr * g`` (``momentum="lr"``, DeMo) or ``+ (1 - beta) * g`` (``"ema"``),
    or ``+`` AdamW's first moment ``m`` of this replica's ``g`` (``"avg"``) or its direction ``m / (sqrt(v) + eps)``
-   (``"adam"``: without compression and with ``update="sgd"`` this is AdamW; with compression both measured worse)
+   (``"adam"``, the default: without compression and with ``update="sgd"`` this is AdamW)
 2. DCT of ``delta`` in blocks; per block, a fraction ``compression_rate`` of the coefficients is kept: the
    largest (``replicator="demo"``) or positions every replica draws from the same seed (``"random"``)
 3. error feedback ``delta <- delta - alpha * IDCT(kept)`` (``alpha = compression_feedback``)
-4. the exchange over the replicate group: an all-gather of positions and values (``"demo"``) or an
-   all-reduce of the values alone (``"random"``)
+4. the exchange over the replicate group: an all-gather of positions and values (``"demo"``; by default
+   float8 values and a bitmask of each block's positions) or an all-reduce of the values alone (``"random"``)
 5. ``Q`` = the decode of all replicas' payloads (bit-identical on every replica): each coefficient's mean over
-   the replicas that chose it (``consensus="choosers"``, DeMo) or over all replicas (``"replicas"``)
+   the replicas that chose it (``consensus="choosers"``, DeMo) or over all replicas (``"replicas"``, the default)
 6. decoupled weight decay and the update: ``p <- p - lr * sign(Q)`` (``"sign"``), SGD on ``Q``
-   (``"sgd"``), AdamW fed with ``Q`` as its gradient (``"adamw"``), or AdamW without its first moment
+   (``"sgd"``, the default), AdamW fed with ``Q`` as its gradient (``"adamw"``), or AdamW without its first moment
    (``"rmsprop"``: ``Q`` is already averaged by error feedback; the second moment gives every coordinate
    its own step size, which a sign update lacks)
 
@@ -71,8 +71,8 @@ MOMENTUMS: tuple[str, ...] = get_args(Momentum)
 OVERLAPS: tuple[str, ...] = get_args(Overlap)
 PARAM_DTYPES = (torch.float32, torch.bfloat16)
 # The measured operating point (README "Choosing the defaults"; benchmarks/results/sweep_density.json).
-DEFAULT_RATE = 1 / 8
-DEFAULT_CHUNK = 8
+DEFAULT_RATE = 1 / 4
+DEFAULT_CHUNK = 32
 DEFAULT_BUCKET_MB = 25.0  # DDP's bucket_cap_mb
 DEFAULT_MIN_RATE, DEFAULT_MAX_RATE = 1 / 64, 1 / 4
 # The replica's own gradient moments of momentum="avg" ("adam" adds the second), float32 like delta.
@@ -120,7 +120,8 @@ def validate_knobs(
     _check(update in UPDATES, "update", update, " | ".join(UPDATES))
     _check(replicator in REPLICATORS, "replicator", replicator, " | ".join(REPLICATORS))
     _check(consensus in compression.CONSENSUSES, "consensus", consensus, " | ".join(compression.CONSENSUSES))
-    _check(value_dtype in VALUE_DTYPES, "value_dtype", value_dtype, " | ".join(VALUE_DTYPES))
+    _check(value_dtype == "auto" or value_dtype in VALUE_DTYPES, "value_dtype", value_dtype,
+           " | ".join(("auto", *VALUE_DTYPES)))
     _check(value_dtype != "float8" or replicator != "random", "value_dtype", value_dtype,
            "'bfloat16' | 'float32' with replicator='random' (its all-reduce sums values; float8's per-block "
            "scales do not add up), or replicator='demo' for float8")
@@ -261,7 +262,7 @@ class FlexDeMo(Optimizer):
         replicate_group: process group of the replicas to exchange with; ``None`` for a single node.
         shard_group: the ranks of this node (FSDP's group), over which the non-finite flag is OR-ed;
             default: the 1-D device mesh of the ``DTensor`` parameters, ``None`` for plain tensors.
-        compression_rate: fraction of each DCT block's coefficients that travels (default 1/8 when
+        compression_rate: fraction of each DCT block's coefficients that travels (default ``DEFAULT_RATE`` when
             ``compression_topk`` is not set either); the kept count per block is ``round(rate * block size)``.
         compression_topk: DeMo's convention instead: a fixed count per block.
         compression_chunk: largest block side; each side is the largest divisor of the shard dimension
@@ -272,6 +273,7 @@ class FlexDeMo(Optimizer):
         momentum: how a gradient enters the momentum: ``"lr"`` adds ``lr * g`` (DeMo), ``"ema"`` adds
             ``(1 - beta) * g`` (the update then carries ``lr``), ``"avg"`` / ``"adam"`` add AdamW's bias-corrected
             ``m`` / ``m / (sqrt(v) + eps)`` of this replica's gradient (``betas``, ``eps``; one / two more buffers).
+            Defaults (``"adam"``, ``update="sgd"``, ``consensus="replicas"``): README "Choosing the defaults".
         update: ``"sign"`` (DeMo), ``"sgd"``, ``"adamw"`` or ``"rmsprop"`` (AdamW with ``beta1 = 0``).
         replicator: ``"demo"`` (DCT top-k, all-gather), ``"random"`` (shared random positions, all-reduce of
             the values), ``"full"`` (dense average) or ``"none"`` (no exchange).
@@ -280,9 +282,10 @@ class FlexDeMo(Optimizer):
             the other replicators always average over all replicas).
         weight_decay: decoupled weight decay.
         value_dtype: wire type of the coefficients, ``"bfloat16"``, ``"float32"`` or ``"float8"`` (e4m3 with a
-            bfloat16 scale per block; ``replicator="demo"`` only).
+            bfloat16 scale per block; ``replicator="demo"`` only); ``"auto"``: float8 for ``"demo"``, else bfloat16.
         replicator_seed: seed of ``replicator="random"``'s positions (the same on every replica).
-        betas, eps: AdamW constants, used with ``update="adamw"``.
+        betas, eps: AdamW constants, used with ``update="adamw"`` or ``"rmsprop"`` and ``momentum="avg"`` or
+            ``"adam"``.
         overlap: ``"none"``, ``"backward"`` (start each bucket's exchange during backward; the same
             update, but gradients are read when FSDP2 finalises them, so clipping or scaling them between
             backward and ``step()`` does not reach the exchange) or ``"delayed"`` (apply the previous step's
@@ -310,12 +313,12 @@ class FlexDeMo(Optimizer):
         compression_chunk: int = DEFAULT_CHUNK,
         compression_decay: float = 0.999,
         compression_feedback: float = 1.0,
-        momentum: Momentum = "lr",
-        update: Update = "rmsprop",
+        momentum: Momentum = "adam",
+        update: Update = "sgd",
         replicator: Replicator = "demo",
-        consensus: compression.Consensus = "choosers",
+        consensus: compression.Consensus = "replicas",
         weight_decay: float = 0.0,
-        value_dtype: ValueDtype = "bfloat16",
+        value_dtype: ValueDtype = "auto",
         replicator_seed: int = 0,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
@@ -331,6 +334,8 @@ class FlexDeMo(Optimizer):
     ) -> None:
         _check(lr >= 0, "lr", lr, "a float >= 0")
         budgeted = budget_bytes is not None or budget_fraction is not None
+        if value_dtype == "auto":  # demo's all-gather carries float8; an all-reduce ("random") must add bfloat16
+            value_dtype = "float8" if replicator == "demo" else "bfloat16"
         if compression_rate is None and compression_topk is None and not budgeted:
             compression_rate = DEFAULT_RATE
         knobs = dict(compression_rate=compression_rate, compression_topk=compression_topk,
@@ -820,16 +825,16 @@ class FlexDeMo(Optimizer):
                                              received.float().div_(replicas).unsqueeze(0), out=dense, counts=None)
         else:
             where, *pieces = [t.unsqueeze(0) for t in stack.wire] if replicator == "none" else received
-            values = compression.decode_values(pieces)  # (R, N, k)
-            counts = self._workspace("counts", momentum) if over == "choosers" and values.shape[0] > 1 else None
-            if compression.uses_bitmask(layout.block_numel, values.shape[-1]):
-                masks = compression.decode_mask(where, layout.block_numel)
-                dense = compression.scatter_masked(masks, values, layout, out=dense,
+            rows, k = pieces[0].shape[0], pieces[0].shape[-1]  # (R, N, k) values
+            counts = self._workspace("counts", momentum) if over == "choosers" and rows > 1 else None
+            if compression.uses_bitmask(layout.block_numel, k):
+                dense = compression.scatter_masked(where, pieces, layout, out=dense,
                                                    scratch=self._workspace("replica", momentum), counts=counts,
                                                    over=over)
             else:
                 positions = torch.stack([layout.flat_positions(momentum.shape[0], i.long()).view(-1) for i in where])
-                dense = compression.scatter_mean(positions, values.flatten(1), out=dense, counts=counts, over=over)
+                dense = compression.scatter_mean(positions, compression.decode_values(pieces).flatten(1), out=dense,
+                                                 counts=counts, over=over)
         return layout.idct(dense, out=self._workspace("signal", momentum),
                            scratch=self._workspace("dense_scratch", momentum))
 

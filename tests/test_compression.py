@@ -115,8 +115,8 @@ def test_values_on_the_wire(value_dtype):
     pieces = compression.encode_values(values, value_dtype)
     positions = compression.encode_positions(torch.arange(16).expand(40, 16), 64)
     assert positions.nbytes + sum(p.nbytes for p in pieces) == 40 * compression.block_payload_bytes(64, 16, value_dtype)
-    decoded = compression.decode_values([p.unsqueeze(0) for p in pieces])[0]
-    assert decoded.dtype == torch.float32 and decoded.shape == values.shape
+    decoded = compression.decode_values([p.unsqueeze(0) for p in pieces])[0].float()
+    assert decoded.shape == values.shape
     if value_dtype != "float8":
         assert torch.equal(decoded, values.float())
         return
@@ -136,33 +136,49 @@ def test_bitmask_decode_equals_the_index_decode(over):
     positions = torch.stack([layout.flat_positions(count, i).view(-1) for i in indices])
     expected = compression.scatter_mean(positions, values.flatten(1), out=torch.empty(count, 16, 24),
                                         counts=torch.empty(count, 16, 24), over=over)
-    masks = compression.decode_mask(torch.stack([compression.encode_positions(i, 64) for i in indices]), 64)
-    dense = compression.scatter_masked(masks, values, layout, out=torch.empty(count, 16, 24),
+    bitmasks = torch.stack([compression.encode_positions(i, 64) for i in indices])
+    dense = compression.scatter_masked(bitmasks, [values], layout, out=torch.empty(count, 16, 24),
                                        scratch=torch.empty(count, 16, 24), counts=torch.empty(count, 16, 24), over=over)
     torch.testing.assert_close(dense, expected, rtol=0, atol=0)
 
 
 _DECODE_64 = """
-import resource, torch
+import resource, sys, torch
 from hf_flexdemo import compression
 from hf_flexdemo.dct import BlockLayout
 torch.manual_seed(0)
-layout, count, k, replicas = BlockLayout.for_shape((512, 2048), 8), 1, 16, 64   # 1M elements, 1/4 of each block
-indices = torch.rand(replicas, layout.num_blocks, 64).topk(k, dim=2).indices
-values = torch.randn(replicas, layout.num_blocks * k, dtype=torch.bfloat16)
-positions = torch.stack([layout.flat_positions(count, i).view(-1) for i in indices])
+chunk, rate, value_dtype, replicas = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3], 64
+layout = BlockLayout.for_shape((512, 2048), chunk)  # 1M elements
+k = compression.kept_per_block(layout.block_numel, rate, None)
+wire = []
+for _ in range(replicas):
+    indices = torch.rand(layout.num_blocks, layout.block_numel).topk(k, dim=1).indices.sort(dim=1).values
+    wire.append([compression.encode_positions(indices, layout.block_numel),
+                 *compression.encode_values(torch.randn(layout.num_blocks, k), value_dtype)])
+where, *pieces = [torch.stack(piece) for piece in zip(*wire)]
+del wire
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-out = torch.empty(count, 512, 2048)
-compression.scatter_mean(positions, values, out=out, counts=torch.empty_like(out))
+out = torch.empty(1, 512, 2048)
+if compression.uses_bitmask(layout.block_numel, k):
+    compression.scatter_masked(where, pieces, layout, out=out, scratch=torch.empty_like(out),
+                               counts=torch.empty_like(out))
+else:
+    positions = torch.stack([layout.flat_positions(1, i.long()).view(-1) for i in where])
+    compression.scatter_mean(positions, compression.decode_values(pieces).flatten(1), out=out,
+                             counts=torch.empty_like(out))
 layout.idct(out, out=torch.empty_like(out), scratch=torch.empty_like(out))
-print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024, sum(t.nbytes for t in (where, *pieces)))
 """
 
 
-def test_decode_memory_is_linear_in_replicas_times_k():
-    """R = 64 replicas at the densest swept rate (1/4): the decode's peak memory beyond its inputs stays a few
-    dense buffers (O(numel + R * blocks * k)), where a pairwise comparison of chosen indices would need
-    blocks * (R * k)^2 = 1.07e10 bytes of booleans."""
-    numel, payload = 512 * 2048, 64 * (512 * 2048 // 4) * 2
-    peak = int(subprocess.run([sys.executable, "-c", _DECODE_64], capture_output=True, text=True, check=True).stdout)
-    assert peak < 6 * numel * 4 + 4 * payload, f"decode peak {peak / 2**20:.1f} MiB"
+@pytest.mark.parametrize(("chunk", "rate", "value_dtype"),
+                         [(32, 5 / 16, "float8"), (8, 1 / 4, "bfloat16"), (64, 1 / 16, "bfloat16")])
+def test_decode_memory_is_linear_in_replicas_times_k(chunk, rate, value_dtype):
+    """R = 64 replicas at the densest swept setting (5/16 of 32 x 32, float8: bitmask positions), 1/4 of 8 x 8
+    (bitmasks too) and 1/16 of 64 x 64 (int16 indices): the decode's peak memory beyond the received payload stays a
+    few dense buffers plus a few payloads (O(numel + R * blocks * k)), where a pairwise comparison of chosen indices
+    would need blocks * (R * k)^2 bytes of booleans (1.07e10 at 1/4 of 8 x 8)."""
+    numel = 512 * 2048
+    script = [sys.executable, "-c", _DECODE_64, str(chunk), str(rate), value_dtype]
+    peak, payload = map(int, subprocess.run(script, capture_output=True, text=True, check=True).stdout.split())
+    assert peak < 6 * numel * 4 + 4 * payload, f"decode peak {peak / 2**20:.1f} MiB, payload {payload / 2**20:.1f} MiB"

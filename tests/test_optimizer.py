@@ -31,7 +31,8 @@ def _params(dtype=torch.float32):
         ({"compression_feedback": 0.0}, "compression_feedback", "(0, 1]"),
         ({"replicator_seed": -1}, "replicator_seed", ">= 0"),
         ({"weight_decay": -0.1}, "weight_decay", ">= 0"),
-        ({"value_dtype": "float16"}, "value_dtype", "bfloat16 | float32"),
+        ({"value_dtype": "float16"}, "value_dtype", "auto | bfloat16 | float32 | float8"),
+        ({"value_dtype": "float8", "replicator": "random"}, "value_dtype", "replicator='demo' for float8"),
         ({"betas": (0.9, 1.0)}, "betas", "[0, 1)"),
         ({"eps": 0.0}, "eps", "> 0"),
         ({"overlap": "async"}, "overlap", "none | backward | delayed"),
@@ -49,6 +50,14 @@ def test_invalid_arguments_name_field_and_accepted_values(kwargs, field, accepte
         FlexDeMo(_params(), **kwargs)
 
 
+@pytest.mark.parametrize(("replicator", "wire"), [("demo", "float8"), ("random", "bfloat16"), ("full", "bfloat16")])
+def test_auto_value_dtype_is_float8_for_demo_only(replicator, wire):
+    """The default ``value_dtype="auto"`` resolves once, so the state_dict records (and a resume keeps) the wire type;
+    ``random``'s all-reduce adds values, which float8's per-block scales would not allow."""
+    opt = FlexDeMo(_params(), replicator=replicator)
+    assert opt.param_groups[0]["value_dtype"] == wire
+
+
 def test_fp16_parameters_are_refused():
     with pytest.raises(ValueError, match=r"parameter dtype.*float16.*accepted: torch.float32 \| torch.bfloat16"):
         FlexDeMo(_params(torch.float16))
@@ -62,13 +71,13 @@ def test_shard_size_must_divide_world(shard_size, world):
 
 def test_state_is_lazy_and_per_parameter():
     model = nn.Linear(8, 4)
-    opt = FlexDeMo(model.parameters(), lr=0.1, update="adamw")
+    opt = FlexDeMo(model.parameters(), lr=0.1)
     assert not opt.state
     model(torch.randn(3, 8)).sum().backward()
     opt.step()
     state = opt.state_dict()["state"]
     assert set(state) == {0, 1}
-    assert set(state[0]) == {"step", "delta", "exp_avg", "exp_avg_sq"}
+    assert set(state[0]) == {"step", "delta", "grad_avg", "grad_avg_sq"}  # the defaults: AdamW's moments, then SGD
     assert opt.state_dict()["flexdemo"] == {"steps": 1, "skipped_steps": 0, "rate": None, "pending": None}
     assert {"compression_rate", "compression_chunk", "replicator", "drift_check_every"} <= set(
         opt.state_dict()["param_groups"][0])
