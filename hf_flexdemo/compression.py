@@ -106,20 +106,27 @@ def gather(coefficients: Tensor, layout: BlockLayout, indices: Tensor) -> tuple[
     return positions, coefficients.reshape(-1)[positions].view(indices.shape)
 
 
-def encode_positions(indices: Tensor, block_numel: int) -> Tensor:
-    """The wire form of ``(N, k)`` in-block indices: the indices in :func:`index_dtype`, or (see
-    :func:`uses_bitmask`) an ``(N, ceil(block_numel / 8))`` uint8 bitmask, bit ``i % 8`` of byte ``i // 8`` for
-    index ``i``. A bitmask orders the block's values by ascending index, so ``indices`` must then be sorted."""
+def encode_positions(indices: Tensor, block_numel: int) -> tuple[Tensor, Tensor]:
+    """``(wire, order)``: the wire form of ``(N, k)`` in-block ``indices`` and the indices in the order the wire
+    carries their values.
+
+    As indices (in :func:`index_dtype`), the order is ``indices``' own. As a bitmask (see :func:`uses_bitmask`:
+    ``(N, ceil(block_numel / 8))`` uint8, bit ``i % 8`` of byte ``i // 8`` for index ``i``) the receiver reads a
+    block's values in ascending index order; each index's place there is the count of set bits up to it, from
+    the mask the bitmask is packed from (cheaper than a sort for large blocks, and free of host syncs).
+    """
     count, k = indices.shape
     if not uses_bitmask(block_numel, k):
-        return indices.to(index_dtype(block_numel))
+        return indices.to(index_dtype(block_numel)), indices
     width = -(-block_numel // 8)
-    bits = torch.zeros(count, width * 8, dtype=torch.bool, device=indices.device).scatter_(1, indices, True)
-    bits = bits.view(count, width, 8).view(torch.uint8)
+    mask = torch.zeros(count, width * 8, dtype=torch.bool, device=indices.device).scatter_(1, indices, True)
+    place = mask.cumsum(1, dtype=torch.int16 if width * 8 < 2**15 else torch.int32).gather(1, indices).long() - 1
+    ascending = torch.empty_like(indices).scatter_(1, place, indices)
+    bits = mask.view(count, width, 8).view(torch.uint8)
     packed = bits[..., 0].clone()
     for bit in range(1, 8):
         packed.bitwise_or_(bits[..., bit] << bit)
-    return packed
+    return packed, ascending
 
 
 def decode_mask(packed: Tensor, block_numel: int) -> Tensor:

@@ -738,9 +738,8 @@ class FlexDeMo(Optimizer):
             stack.wire = []  # every replica draws the positions: only values travel
         else:
             indices = compression.select_topk(coefficients, layout, k, self._workspace("scratch", momentum, dtype))
-            if compression.uses_bitmask(layout.block_numel, k):
-                indices = indices.sort(dim=1).values  # a bitmask carries a block's values in ascending order
-            stack.wire = [compression.encode_positions(indices, layout.block_numel)]
+            wire, indices = compression.encode_positions(indices, layout.block_numel)  # the values' wire order
+            stack.wire = [wire]
         stack.positions, stack.values = compression.gather(coefficients, layout, indices)
 
     def _feedback(self, stack: _Stack, knobs: dict[str, Any]) -> None:

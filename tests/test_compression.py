@@ -94,15 +94,16 @@ def test_index_dtype_boundary():
                           (6, 1, False), (6, 2, True)])
 def test_positions_travel_in_the_smaller_form_and_round_trip(block_numel, k, bitmask):
     torch.manual_seed(0)
-    indices = torch.rand(50, block_numel).topk(k, dim=1).indices.sort(dim=1).values
-    wire = compression.encode_positions(indices, block_numel)
+    indices = torch.rand(50, block_numel).topk(k, dim=1, sorted=False).indices
+    wire, order = compression.encode_positions(indices, block_numel)
     assert compression.uses_bitmask(block_numel, k) is bitmask
     assert wire.nbytes == 50 * min(-(-block_numel // 8), k * compression.index_dtype(block_numel).itemsize)
-    if bitmask:
+    if bitmask:  # a bitmask carries the values in ascending index order
         mask = compression.decode_mask(wire.unsqueeze(0), block_numel)[0]
         assert torch.equal(mask, torch.zeros(50, block_numel, dtype=torch.bool).scatter_(1, indices, True))
+        assert torch.equal(order, indices.sort(dim=1).values)
     else:
-        assert torch.equal(wire.long(), indices)
+        assert torch.equal(wire.long(), indices) and order is indices
 
 
 @pytest.mark.parametrize("value_dtype", ["bfloat16", "float32", "float8"])
@@ -113,7 +114,7 @@ def test_values_on_the_wire(value_dtype):
     values = (torch.randn(40, 16) * torch.logspace(-6, 2, 40).unsqueeze(1)).bfloat16()
     values[3] = 0
     pieces = compression.encode_values(values, value_dtype)
-    positions = compression.encode_positions(torch.arange(16).expand(40, 16), 64)
+    positions, _ = compression.encode_positions(torch.arange(16).expand(40, 16), 64)
     assert positions.nbytes + sum(p.nbytes for p in pieces) == 40 * compression.block_payload_bytes(64, 16, value_dtype)
     decoded = compression.decode_values([p.unsqueeze(0) for p in pieces])[0].float()
     assert decoded.shape == values.shape
@@ -131,12 +132,13 @@ def test_bitmask_decode_equals_the_index_decode(over):
     layout = BlockLayout.for_shape((16, 24), 8)
     k, count, replicas = 20, 2, 3
     blocks = count * layout.num_blocks
-    indices = torch.rand(replicas, blocks, 64).topk(k, dim=2).indices.sort(dim=2).values
+    wire = [compression.encode_positions(torch.rand(blocks, 64).topk(k, dim=1).indices, 64) for _ in range(replicas)]
+    indices = torch.stack([order for _, order in wire])
     values = torch.randn(replicas, blocks, k)
     positions = torch.stack([layout.flat_positions(count, i).view(-1) for i in indices])
     expected = compression.scatter_mean(positions, values.flatten(1), out=torch.empty(count, 16, 24),
                                         counts=torch.empty(count, 16, 24), over=over)
-    bitmasks = torch.stack([compression.encode_positions(i, 64) for i in indices])
+    bitmasks = torch.stack([bitmask for bitmask, _ in wire])
     dense = compression.scatter_masked(bitmasks, [values], layout, out=torch.empty(count, 16, 24),
                                        scratch=torch.empty(count, 16, 24), counts=torch.empty(count, 16, 24), over=over)
     torch.testing.assert_close(dense, expected, rtol=0, atol=0)
@@ -152,8 +154,8 @@ layout = BlockLayout.for_shape((512, 2048), chunk)  # 1M elements
 k = compression.kept_per_block(layout.block_numel, rate, None)
 wire = []
 for _ in range(replicas):
-    indices = torch.rand(layout.num_blocks, layout.block_numel).topk(k, dim=1).indices.sort(dim=1).values
-    wire.append([compression.encode_positions(indices, layout.block_numel),
+    indices = torch.rand(layout.num_blocks, layout.block_numel).topk(k, dim=1).indices
+    wire.append([compression.encode_positions(indices, layout.block_numel)[0],
                  *compression.encode_values(torch.randn(layout.num_blocks, k), value_dtype)])
 where, *pieces = [torch.stack(piece) for piece in zip(*wire)]
 del wire
