@@ -27,13 +27,13 @@ sums run over the rank's non-empty local shards; ``//`` is integer division as i
   ``k = compression.kept_per_block(block_numel, rate, None)``,
   ``position_bytes = min(ceil(block_numel / 8), k * index_bytes)`` (a bitmask of the block when smaller than the
   indices; ``index_bytes = compression.index_dtype(block_numel).itemsize``: 1 up to 16 x 16 blocks, then 2),
-  ``value_bytes`` = 2 (bf16; 4 with ``value_dtype="float32"``, 1 with ``"float8"``, which adds a 2-byte
-  ``scale_bytes`` per block): ``compression.block_payload_bytes``.
+  ``value_bytes`` = 1 with the default ``value_dtype="auto"`` (float8 for demo), which adds a 2-byte
+  ``scale_bytes`` per block; 2 with ``"bfloat16"``, 4 with ``"float32"``: ``compression.block_payload_bytes``.
 * ``random`` -- one all-reduce of the values only (positions come from a shared seed), plus the flag as
   one more value::
 
       values = sum_params blocks * k
-      bytes  = 2 * (R - 1) * (values + 1) * value_bytes // R         # bf16 when --value_dtype float8
+      bytes  = 2 * (R - 1) * (values + 1) * value_bytes // R         # bf16 for auto and float8
 * ``full`` -- one all-reduce of the fp32 momentum, plus the flag::
 
       bytes = 2 * (R - 1) * (numel + 1) * 4 // R
@@ -143,8 +143,9 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, nargs="+", default=list(DEFAULT_NODES), help="values of R")
     parser.add_argument("--rate", type=float, default=DEFAULT_RATE, help="compression_rate (package default)")
     parser.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, help="compression_chunk (package default)")
-    parser.add_argument("--value_dtype", default="bfloat16", choices=tuple(VALUE_DTYPES),
-                        help="wire type of demo's values (random's all-reduce stays bfloat16 for float8)")
+    parser.add_argument("--value_dtype", default="auto", choices=("auto", *VALUE_DTYPES),
+                        help="wire type of the values (auto, the package default: float8 for demo, bfloat16 for "
+                             "random, whose all-reduce adds values)")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "replicator_bytes.json")
     args = parser.parse_args()
     if args.shard_size < 1 or min(args.nodes) < 1 or not 0 < args.rate <= 1 or args.chunk < 1:
@@ -154,9 +155,10 @@ def main() -> None:
     named_shapes, parameters = local_shard_shapes(args.config_name, args.shard_size)
     shapes = [shape for _, shape in named_shapes]
     nodes = sorted(set(args.nodes))
-    random_dtype = "bfloat16" if args.value_dtype == "float8" else args.value_dtype  # an all-reduce adds values
+    demo_dtype = "float8" if args.value_dtype == "auto" else args.value_dtype
+    random_dtype = "bfloat16" if args.value_dtype in ("auto", "float8") else args.value_dtype  # it adds values
     table = {r: {m: bytes_per_rank(m, shapes, r, args.rate, args.chunk,
-                                   random_dtype if m == "random" else args.value_dtype) for m in REPLICATORS}
+                                   random_dtype if m == "random" else demo_dtype) for m in REPLICATORS}
              for r in nodes}
     rows = [{
         "replicas": r,
@@ -170,7 +172,7 @@ def main() -> None:
     kept = kept_coefficients(shapes, args.rate, args.chunk)
     coefficients = sum(blocks * k for blocks, k, _ in kept)
     numel = sum(torch.Size(s).numel() for s in shapes)
-    payload = bytes_per_rank("demo", shapes, 2, args.rate, args.chunk, args.value_dtype)
+    payload = bytes_per_rank("demo", shapes, 2, args.rate, args.chunk, demo_dtype)
     # demo = (R-1) P and dense = 8 n (R-1)/R, so demo >= dense exactly when R >= 8 n / P.
     crossover_exact = 8 * numel / payload
     dense_cross = first_at_least(grid, per_r["demo"], per_r["adamw"])

@@ -42,10 +42,11 @@ Duration, from smoke runs (``--max_steps 20 --eval_steps 5 --links 10 100``: 552
 convergence run on the quiet machine (0.5 s/step of compute): each run has ~45-110 s of start-up, data
 loading and teardown plus its evaluations (~3-6.5 s each, 13 at ``--eval_steps 25``), and per step ~0.5 s of
 compute (1.0-1.3 s under that load) plus the exchange: AdamW +0.5 s at 100 Mbit/s and +4.6 s at 10 Mbit/s
-(7.2 s/step measured under load); FlexDeMo at the default rate 1/8 sends 1/8 of AdamW's bytes (+0.1 s at
-100 Mbit/s, +0.8 s at 10 Mbit/s). On the quiet machine: AdamW at 100 Mbit/s ~6 min, FlexDeMo ~4 and ~8 min,
-AdamW at 10 Mbit/s the rest of the 28 min. On a loaded machine the budget runs out earlier (FlexDeMo at
-10 Mbit/s can then be stopped short of the target, which the JSON says): run it alone, or raise ``--budget_s``.
+(7.2 s/step measured under load); FlexDeMo at the first release's rate 1/8 sent 1/8 of AdamW's bytes (+0.1 s
+at 100 Mbit/s, +0.8 s at 10 Mbit/s; the defaults now send 1/10.6). On the quiet machine: AdamW at 100 Mbit/s
+~6 min, FlexDeMo ~4 and ~8 min, AdamW at 10 Mbit/s the rest of the 28 min. On a loaded machine the budget runs
+out earlier (FlexDeMo at 10 Mbit/s can then be stopped short of the target, which the JSON says): run it alone,
+or raise ``--budget_s``.
 
 Writes ``benchmarks/results/time_to_target_quick.json`` (command, machine, versions, settings, target, per
 run: validation loss against training seconds, the stop reason, veth counters before/after, the

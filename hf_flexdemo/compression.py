@@ -5,9 +5,10 @@ fraction of each block that travels, the same at any shard shape) or from DeMo's
 
 On the wire (``replicator="demo"``), a block's positions are ``k`` in-block indices (8 bits up to 16 x 16 blocks)
 or, when smaller, a bitmask of the block (one bit per coefficient: at rate 1/8 of 8 x 8 the same 8 bytes as the
-indices, at 1/4 half). Values are ``bfloat16``, ``float32``, or ``float8``: e4m3 with one bfloat16 scale per
-block that maps the block's largest magnitude to e4m3's largest, so a coefficient costs one byte; the
-sender's error feedback subtracts the values as they arrive, so what rounding loses is sent later.
+indices, at the default 1/4 of 32 x 32 a quarter of int16 indices). Values are ``bfloat16``, ``float32``, or
+``float8``: e4m3 with one bfloat16 scale per block that maps the block's largest magnitude to e4m3's largest, so
+a coefficient costs one byte; the sender's error feedback subtracts the values as they arrive, so what rounding
+loses is sent later.
 
 * ``select_topk`` picks the ``k`` coefficients of largest magnitude in every block (``replicator="demo"``);
 * ``select_random`` picks ``k`` positions per block from a generator every replica seeds identically, so

@@ -129,7 +129,8 @@ def case_bytes(args) -> dict:
                    compression_rate=0.25, compression_chunk=8)
     train(model, opt, range(2))
     shapes = [tuple((p.to_local() if isinstance(p, DTensor) else p).shape) for p in model.parameters()]
-    return {"comm_stats": opt.comm_stats, "local_shapes": shapes, "replicas": dist.get_world_size(group)}
+    return {"comm_stats": opt.comm_stats, "local_shapes": shapes, "replicas": dist.get_world_size(group),
+            "value_dtype": opt.param_groups[0]["value_dtype"]}
 
 
 def case_resume_drift(args) -> dict:

@@ -93,7 +93,7 @@ def case_dense_limit(args) -> dict:
     lr, wd = 0.05, 0.1
     opt = FlexDeMo(model.parameters(), lr=lr, weight_decay=wd, replicate_group=mesh["dp_replicate"].get_group(),
                    compression_topk=64 * 64, compression_decay=0.0 if args.replicator == "demo" else 0.9,
-                   update=args.update, replicator=args.replicator, value_dtype="float32")
+                   update=args.update, replicator=args.replicator, value_dtype="float32", momentum="lr")
     dense = {"sgd": torch.optim.SGD(reference.parameters(), lr=lr, weight_decay=0.0),
              "adamw": torch.optim.AdamW(reference.parameters(), lr=lr, weight_decay=wd),
              "sign": None}[args.update]
@@ -138,7 +138,7 @@ def case_reference(args) -> dict:
     topk, chunk, decay = 3, 4, 0.9
     opt = FlexDeMo(model.parameters(), lr=lr, replicate_group=replicas.get_group(), compression_topk=topk,
                    compression_chunk=chunk, compression_decay=decay, update=args.update, value_dtype="float32",
-                   consensus=args.consensus)
+                   momentum="lr", consensus=args.consensus)  # DeMo's momentum, as the reference computes it
     params = [local(p) for p in model.parameters()]
     deltas = [[torch.zeros_like(p, dtype=torch.float64)] * replicas.size() for p in params]
     adam_states: list[dict] = [{} for _ in params]
@@ -192,7 +192,7 @@ def case_detonation(args) -> dict:
     lr, topk, chunk = 1e-3, 4, 8
     ours, theirs = tiny_t5(), tiny_t5()
     opt = FlexDeMo(ours.parameters(), lr=lr, replicate_group=pair, compression_topk=topk, compression_chunk=chunk,
-                   value_dtype="float32", update="sign")  # DeToSGD's rule
+                   value_dtype="float32", update="sign", momentum="lr", consensus="choosers")  # DeToSGD's rule
     reference = de_to_sgd(list(theirs.parameters()), lr=lr, replicator=demo_replicator(
         compression_topk=topk, compression_chunk=chunk), sharding_parallel_group=single,
         replication_parallel_group=pair)

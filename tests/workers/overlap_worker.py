@@ -102,11 +102,11 @@ def case_budget_bytes(args) -> dict:
     budget = int(args.budget)
     model, group = sharded()
     opt = FlexDeMo(model.parameters(), lr=3e-3, replicate_group=group, replicator=args.replicator,
-                   budget_bytes=budget)
+                   budget_bytes=budget, compression_chunk=8, value_dtype="bfloat16")  # the budgets' calibration
     logs: list = []
     train(model, opt, range(3), logs=logs)
     shapes = [tuple(p.to_local().shape) for p in model.parameters()]
-    formula = {rate: exchange_bytes(args.replicator, shapes, 2, rate=rate, topk=None, chunk=8)
+    formula = {rate: exchange_bytes(args.replicator, shapes, 2, rate=rate, topk=None, chunk=8, value_dtype="bfloat16")
                for rate in (opt.rate, min(opt.rate * 1.05, 1.0))}
     return {"rate": opt.rate, "sent": [log["comm_stats"]["bytes_sent"] for log in logs], "formula": formula}
 
