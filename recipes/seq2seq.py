@@ -83,7 +83,7 @@ _TABLE_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet":
 # decoded momentum, which already carries lr), "adamw" 1e-3 [0.35]; method "adamw" (torch AdamW) 3e-3 [0.13].
 # "rmsprop" on `make demo`'s 2 x 2 run: 1e-3 [0.017, BLEU 96.4], 3e-3 [0.10, BLEU 64.4]. These are for a gradient
 # entering the momentum as lr * g (momentum "lr"); with AdamW's direction instead ("adam", the default, and "avg")
-# the step is in AdamW's units: the defaults on `make demo`'s run, 1e-3 [0.0082, BLEU 99.6], 3e-3 [0.10, BLEU 63.6].
+# the step is in AdamW's units: the defaults on `make demo`'s run, 1e-3 [0.0082, BLEU 99.6], 3e-3 [0.10, BLEU 64.8].
 _NUMBER_WORDS_LR = {"sign": 3e-3, "sgd": 1.0, "adamw": 1e-3, "rmsprop": 1e-3}
 _NUMBER_WORDS_ADAM_LR = 1e-3
 _NUMBER_WORDS_ADAMW_LR = 3e-3
