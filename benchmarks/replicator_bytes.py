@@ -155,8 +155,9 @@ def main() -> None:
     named_shapes, parameters = local_shard_shapes(args.config_name, args.shard_size)
     shapes = [shape for _, shape in named_shapes]
     nodes = sorted(set(args.nodes))
-    demo_dtype = "float8" if args.value_dtype == "auto" else args.value_dtype
-    random_dtype = "bfloat16" if args.value_dtype in ("auto", "float8") else args.value_dtype  # it adds values
+    demo_dtype = compression.resolve_value_dtype(args.value_dtype, "demo")
+    random_dtype = compression.resolve_value_dtype("auto" if args.value_dtype == "float8" else args.value_dtype,
+                                                   "random")  # an all-reduce adds values: float8 cannot travel
     table = {r: {m: bytes_per_rank(m, shapes, r, args.rate, args.chunk,
                                    random_dtype if m == "random" else demo_dtype) for m in REPLICATORS}
              for r in nodes}

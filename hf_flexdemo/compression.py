@@ -52,16 +52,29 @@ def index_dtype(block_numel: int) -> torch.dtype:
     return torch.int16 if block_numel <= torch.iinfo(torch.int16).max + 1 else torch.int32
 
 
+def _bitmask_bytes(block_numel: int) -> int:
+    """Bytes of a block's bitmask: one bit per coefficient, ``ceil(block_numel / 8)``."""
+    return -(-block_numel // 8)
+
+
 def uses_bitmask(block_numel: int, k: int) -> bool:
-    """Whether a block's positions travel as a bitmask: when ``ceil(block_numel / 8)`` bytes beat ``k`` indices."""
-    return -(-block_numel // 8) < k * index_dtype(block_numel).itemsize
+    """Whether a block's positions travel as a bitmask: when its bytes beat ``k`` indices'."""
+    return _bitmask_bytes(block_numel) < k * index_dtype(block_numel).itemsize
 
 
 def block_payload_bytes(block_numel: int, k: int, value_dtype: str) -> int:
     """Wire bytes of one block: positions (indices or bitmask), ``k`` values and float8's scale."""
-    positions = min(-(-block_numel // 8), k * index_dtype(block_numel).itemsize)
+    positions = _bitmask_bytes(block_numel) if uses_bitmask(block_numel, k) else k * index_dtype(block_numel).itemsize
     scale = _SCALE_DTYPE.itemsize if value_dtype == "float8" else 0
     return positions + k * VALUE_DTYPES[value_dtype].itemsize + scale
+
+
+def resolve_value_dtype(value_dtype: str, replicator: str) -> str:
+    """``value_dtype="auto"``'s choice: float8 for ``demo``'s all-gather, bfloat16 for the all-reduces, which add
+    values (float8's per-block scales do not add up); any other value as given."""
+    if value_dtype != "auto":
+        return value_dtype
+    return "float8" if replicator == "demo" else "bfloat16"
 
 
 def transform_dtype(value_dtype: str) -> torch.dtype:
@@ -119,7 +132,7 @@ def encode_positions(indices: Tensor, block_numel: int) -> tuple[Tensor, Tensor]
     count, k = indices.shape
     if not uses_bitmask(block_numel, k):
         return indices.to(index_dtype(block_numel)), indices
-    width = -(-block_numel // 8)
+    width = _bitmask_bytes(block_numel)
     mask = torch.zeros(count, width * 8, dtype=torch.bool, device=indices.device).scatter_(1, indices, True)
     place = mask.cumsum(1, dtype=torch.int16 if width * 8 < 2**15 else torch.int32).gather(1, indices).long() - 1
     ascending = torch.empty_like(indices).scatter_(1, place, indices)

@@ -334,8 +334,7 @@ class FlexDeMo(Optimizer):
     ) -> None:
         _check(lr >= 0, "lr", lr, "a float >= 0")
         budgeted = budget_bytes is not None or budget_fraction is not None
-        if value_dtype == "auto":  # demo's all-gather carries float8; an all-reduce ("random") must add bfloat16
-            value_dtype = "float8" if replicator == "demo" else "bfloat16"
+        value_dtype = compression.resolve_value_dtype(value_dtype, replicator)  # once: state_dict records it
         if compression_rate is None and compression_topk is None and not budgeted:
             compression_rate = DEFAULT_RATE
         knobs = dict(compression_rate=compression_rate, compression_topk=compression_topk,
@@ -816,9 +815,9 @@ class FlexDeMo(Optimizer):
         """``Q`` of the stack, ``(P, *shape)`` in float32, the same on every replica."""
         momentum, layout = stack.momentum, stack.layout
         replicator, replicas, over = knobs["replicator"], self.replicate.size, knobs["consensus"]
-        dense = self._workspace("dense", momentum)
         if replicator == "full":
             return received.view_as(momentum).div_(replicas)
+        dense = self._workspace("dense", momentum)
         if replicator == "random":
             dense = compression.scatter_mean(stack.positions.unsqueeze(0),
                                              received.float().div_(replicas).unsqueeze(0), out=dense, counts=None)
