@@ -51,7 +51,7 @@ from torch.distributed.tensor import DTensor
 from transformers import T5ForConditionalGeneration
 
 from hf_flexdemo import FlexDeMo, build_hybrid_mesh, shard_model
-from hf_flexdemo.optimizer import DEFAULT_CHUNK, DEFAULT_RATE
+from hf_flexdemo.knobs import DEFAULT_CHUNK, DEFAULT_RATE
 from hf_flexdemo.tiny_t5 import T5_VOCAB_SIZE, named_t5_config
 
 HERE = Path(__file__).resolve().parent

@@ -60,11 +60,12 @@ from typing import Any
 import torch
 from machine import describe_machine
 
-from hf_flexdemo import compression
+from hf_flexdemo import compression, knobs
 from hf_flexdemo.compression import VALUE_DTYPES
 from hf_flexdemo.dct import BlockLayout
-from hf_flexdemo.optimizer import DEFAULT_CHUNK, DEFAULT_RATE
-from hf_flexdemo.replicate import dense_allreduce_bytes, exchange_bytes
+from hf_flexdemo.knobs import DEFAULT_CHUNK, DEFAULT_RATE
+from hf_flexdemo.replicate import dense_allreduce_bytes
+from hf_flexdemo.replicators import exchange_bytes
 from hf_flexdemo.tiny_t5 import T5_CONFIG_NAMES, T5_VOCAB_SIZE, named_t5_config
 
 HERE = Path(__file__).resolve().parent
@@ -94,7 +95,7 @@ def bytes_per_rank(replicator: str, local_shapes: list[tuple[int, ...]], replica
                    value_dtype: str = "bfloat16") -> int:
     """Bytes one rank sends across nodes in one optimizer step (the formulas of the module docstring).
 
-    FlexDeMo's replicators are counted by ``hf_flexdemo.replicate.exchange_bytes``, the function the optimizer's
+    FlexDeMo's replicators are counted by ``hf_flexdemo.replicators.exchange_bytes``, the function the optimizer's
     counters are tested against; ``"adamw"`` is AdamW-HSDP's dense fp32 all-reduce of the same shards.
     """
     if replicator != "adamw":
@@ -155,8 +156,8 @@ def main() -> None:
     named_shapes, parameters = local_shard_shapes(args.config_name, args.shard_size)
     shapes = [shape for _, shape in named_shapes]
     nodes = sorted(set(args.nodes))
-    demo_dtype = compression.resolve_value_dtype(args.value_dtype, "demo")
-    random_dtype = compression.resolve_value_dtype("auto" if args.value_dtype == "float8" else args.value_dtype,
+    demo_dtype = knobs.resolve_value_dtype(args.value_dtype, "demo")
+    random_dtype = knobs.resolve_value_dtype("auto" if args.value_dtype == "float8" else args.value_dtype,
                                                    "random")  # an all-reduce adds values: float8 cannot travel
     table = {r: {m: bytes_per_rank(m, shapes, r, args.rate, args.chunk,
                                    random_dtype if m == "random" else demo_dtype) for m in REPLICATORS}

@@ -31,7 +31,7 @@ from transformers import T5ForConditionalGeneration
 
 from hf_flexdemo import compression
 from hf_flexdemo.dct import BlockLayout
-from hf_flexdemo.optimizer import DEFAULT_CHUNK, DEFAULT_RATE
+from hf_flexdemo.knobs import DEFAULT_CHUNK, DEFAULT_RATE
 from hf_flexdemo.tiny_t5 import T5_VOCAB_SIZE, named_t5_config
 
 HERE = Path(__file__).resolve().parent

@@ -29,16 +29,12 @@ tensor goes back to a signal with :meth:`BlockLayout.idct` (two GEMMs).
 
 from __future__ import annotations
 
-from typing import Literal, get_args
-
 import torch
 from torch import Tensor
 
 from .dct import BlockLayout
+from .knobs import Consensus
 
-Consensus = Literal["choosers", "replicas"]
-CONSENSUSES: tuple[str, ...] = get_args(Consensus)
-ValueDtype = Literal["auto", "bfloat16", "float32", "float8"]  # "auto": float8 for replicator="demo", else bfloat16
 VALUE_DTYPES: dict[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float32": torch.float32,
                                         "float8": torch.float8_e4m3fn}
 _FP8_MAX = torch.finfo(torch.float8_e4m3fn).max  # 448
@@ -67,14 +63,6 @@ def block_payload_bytes(block_numel: int, k: int, value_dtype: str) -> int:
     positions = _bitmask_bytes(block_numel) if uses_bitmask(block_numel, k) else k * index_dtype(block_numel).itemsize
     scale = _SCALE_DTYPE.itemsize if value_dtype == "float8" else 0
     return positions + k * VALUE_DTYPES[value_dtype].itemsize + scale
-
-
-def resolve_value_dtype(value_dtype: str, replicator: str) -> str:
-    """``value_dtype="auto"``'s choice: float8 for ``demo``'s all-gather, bfloat16 for the all-reduces, which add
-    values (float8's per-block scales do not add up); any other value as given."""
-    if value_dtype != "auto":
-        return value_dtype
-    return "float8" if replicator == "demo" else "bfloat16"
 
 
 def transform_dtype(value_dtype: str) -> torch.dtype:
@@ -221,3 +209,19 @@ def scatter_masked(
     if bitmasks.shape[0] > 1:
         out.div_(counts.clamp_(min=1))
     return out
+
+
+def decode(
+    where: Tensor, pieces: list[Tensor], layout: BlockLayout, out: Tensor, scratch: Tensor, counts: Tensor | None,
+    over: Consensus = "choosers",
+) -> Tensor:
+    """The dense coefficients of ``R`` replicas' payloads, as they travel: ``where`` ``(R, N, ...)`` holds each
+    block's positions (indices or bitmasks, as :func:`encode_positions` wrote them) and ``pieces`` the
+    :func:`encode_values` pieces with a leading ``R``. Dispatches to :func:`scatter_masked` or
+    :func:`scatter_mean`; ``scratch`` and ``counts`` are buffers of ``out``'s size (``counts`` only for
+    ``over="choosers"`` with ``R > 1``)."""
+    k = pieces[0].shape[-1]
+    if uses_bitmask(layout.block_numel, k):
+        return scatter_masked(where, pieces, layout, out=out, scratch=scratch, counts=counts, over=over)
+    positions = torch.stack([layout.flat_positions(out.shape[0], i.long()).view(-1) for i in where])
+    return scatter_mean(positions, decode_values(pieces).flatten(1), out=out, counts=counts, over=over)

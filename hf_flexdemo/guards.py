@@ -12,18 +12,11 @@ The drift check runs every ``drift_check_every`` steps only.
 
 from __future__ import annotations
 
-from typing import Literal, get_args
-
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from .replicate import CommStats, all_gather_into, explained
-
-NonfiniteAction = Literal["skip", "raise"]
-DriftAction = Literal["raise", "resync"]
-NONFINITE_ACTIONS: tuple[str, ...] = get_args(NonfiniteAction)
-DRIFT_ACTIONS: tuple[str, ...] = get_args(DriftAction)
 
 
 def _distributed() -> bool:

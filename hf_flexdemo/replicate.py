@@ -13,7 +13,6 @@ stream (read once they have completed, never by a sync inside the step); on CPU 
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -21,9 +20,6 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.distributed as dist
 from torch import Tensor
-
-from .compression import VALUE_DTYPES, block_payload_bytes, kept_per_block
-from .dct import BlockLayout
 
 
 @dataclass
@@ -67,41 +63,6 @@ def all_gather_into(output: Tensor, tensor: Tensor, group: dist.ProcessGroup | N
     """``all_gather_single`` where torch has it (it deprecates ``all_gather_into_tensor``), else the older name."""
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     return gather(output, tensor, group=group, async_op=async_op)
-
-
-def exchange_bytes(
-    replicator: str, local_shapes: list[tuple[int, ...]], replicas: int, *, rate: float | None, topk: int | None,
-    chunk: int, value_dtype: str = "bfloat16", timing: bool = False,
-) -> int:
-    """Bytes one rank sends per optimizer step with ``replicator``, from its local shard shapes.
-
-    * ``demo``: all-gather of every block's positions and values (``compression.block_payload_bytes``) and the
-      1-byte flag: ``(R - 1) * payload``;
-    * ``random``: all-reduce of the values (+ one flag value): ``2 (R - 1) / R * kept * value_bytes``;
-    * ``full``: all-reduce of the fp32 momentum (+ the flag): ``2 (R - 1) / R * numel * 4``;
-    * ``none`` or one replica: nothing.
-
-    ``timing``: the payload also carries this rank's step-time fraction (``budget_fraction``): 4 bytes
-    in ``demo``'s all-gather, one more value in an all-reduce. One collective per step (``overlap``
-    ``"none"`` or ``"delayed"``); ``"backward"`` adds the trailer once per exchange bucket.
-    """
-    if replicas == 1 or replicator == "none":
-        return 0
-    kept = numel = payload = 0
-    for shape in local_shapes:
-        if not math.prod(shape):
-            continue
-        layout = BlockLayout.for_shape(tuple(shape), chunk)
-        k = kept_per_block(layout.block_numel, rate, topk)
-        kept += layout.num_blocks * k
-        numel += math.prod(shape)
-        payload += layout.num_blocks * block_payload_bytes(layout.block_numel, k, value_dtype)
-    trailer = 1 + int(timing)  # the non-finite flag, the timing
-    if replicator == "demo":
-        return (replicas - 1) * (payload + 1 + 4 * int(timing))
-    if replicator == "random":
-        return dense_allreduce_bytes(kept + trailer, replicas, VALUE_DTYPES[value_dtype].itemsize)
-    return dense_allreduce_bytes(numel + trailer, replicas, 4)
 
 
 def pack(tensors: list[Tensor]) -> Tensor:

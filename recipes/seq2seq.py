@@ -67,8 +67,8 @@ from transformers import (
 )
 
 from hf_flexdemo import FlexDeMoConfig, FlexDeMoSeq2SeqTrainer
+from hf_flexdemo.knobs import DEFAULT_RATE
 from hf_flexdemo.number_words import number_words_dataset
-from hf_flexdemo.optimizer import DEFAULT_RATE
 from hf_flexdemo.tiny_t5 import T5_CONFIG_NAMES, build_tokenizer, named_t5_config
 
 logger = logging.getLogger(__name__)

@@ -161,13 +161,7 @@ where, *pieces = [torch.stack(piece) for piece in zip(*wire)]
 del wire
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 out = torch.empty(1, 512, 2048)
-if compression.uses_bitmask(layout.block_numel, k):
-    compression.scatter_masked(where, pieces, layout, out=out, scratch=torch.empty_like(out),
-                               counts=torch.empty_like(out))
-else:
-    positions = torch.stack([layout.flat_positions(1, i.long()).view(-1) for i in where])
-    compression.scatter_mean(positions, compression.decode_values(pieces).flatten(1), out=out,
-                             counts=torch.empty_like(out))
+compression.decode(where, pieces, layout, out=out, scratch=torch.empty_like(out), counts=torch.empty_like(out))
 layout.idct(out, out=torch.empty_like(out), scratch=torch.empty_like(out))
 print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024, sum(t.nbytes for t in (where, *pieces)))
 """

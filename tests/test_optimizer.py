@@ -55,7 +55,7 @@ def test_auto_value_dtype_is_float8_for_demo_only(replicator, wire):
     """The default ``value_dtype="auto"`` resolves once, so the state_dict records (and a resume keeps) the wire type;
     ``random``'s all-reduce adds values, which float8's per-block scales would not allow."""
     opt = FlexDeMo(_params(), replicator=replicator)
-    assert opt.param_groups[0]["value_dtype"] == wire
+    assert opt.options["value_dtype"] == wire
 
 
 def test_fp16_parameters_are_refused():
@@ -78,9 +78,12 @@ def test_state_is_lazy_and_per_parameter():
     state = opt.state_dict()["state"]
     assert set(state) == {0, 1}
     assert set(state[0]) == {"step", "delta", "grad_avg", "grad_avg_sq"}  # the defaults: AdamW's moments, then SGD
-    assert opt.state_dict()["flexdemo"] == {"steps": 1, "skipped_steps": 0, "rate": None, "pending": None}
-    assert {"compression_rate", "compression_chunk", "replicator", "drift_check_every"} <= set(
-        opt.state_dict()["param_groups"][0])
+    saved = opt.state_dict()
+    assert saved["flexdemo"] == {"options": opt.options, "steps": 1, "skipped_steps": 0, "rate": None, "pending": None}
+    # per-group knobs in the param groups, optimizer-wide ones once, in the options
+    assert {"compression_rate", "compression_chunk"} <= set(saved["param_groups"][0])
+    assert not {"replicator", "drift_check_every"} & set(saved["param_groups"][0])
+    assert {"replicator", "drift_check_every"} <= set(saved["flexdemo"]["options"])
     assert all(isinstance(k, torch.Tensor) for k in opt.state)  # only parameters key the state
 
 
@@ -90,11 +93,14 @@ def test_state_dict_from_before_the_consensus_knob_loads_with_demos_decode():
     model(torch.randn(3, 8)).sum().backward()
     opt.step()
     saved = opt.state_dict()
+    options = saved["flexdemo"].pop("options")  # the layout before FlexDeMo.options: knobs in every param group
     for group in saved["param_groups"]:
+        group.update(options, drift_check_every=7)
         del group["consensus"]
     fresh = FlexDeMo(model.parameters(), lr=0.1, consensus="replicas")
     fresh.load_state_dict(saved)
-    assert [g["consensus"] for g in fresh.param_groups] == ["choosers"]
+    assert fresh.options["consensus"] == "choosers" and fresh.options["drift_check_every"] == 7
+    assert not set(fresh.param_groups[0]) & set(options)  # moved out of the groups
     fresh.step()
 
 

@@ -130,7 +130,7 @@ def case_bytes(args) -> dict:
     train(model, opt, range(2))
     shapes = [tuple((p.to_local() if isinstance(p, DTensor) else p).shape) for p in model.parameters()]
     return {"comm_stats": opt.comm_stats, "local_shapes": shapes, "replicas": dist.get_world_size(group),
-            "value_dtype": opt.param_groups[0]["value_dtype"]}
+            "value_dtype": opt.options["value_dtype"]}
 
 
 def case_resume_drift(args) -> dict:
@@ -157,7 +157,7 @@ def case_resume_drift(args) -> dict:
     resumed_checks = checked_steps(resumed)
     train(model, resumed, range(5, 8))
     return {"straight_checks": straight_checks, "resumed_checks": resumed_checks,
-            "knobs": {k: v for k, v in resumed.param_groups[0].items() if k != "params"},
+            "knobs": {**{k: v for k, v in resumed.param_groups[0].items() if k != "params"}, **resumed.options},
             "equal": all(torch.equal(expected[n], full(p)) for n, p in model.named_parameters())}
 
 

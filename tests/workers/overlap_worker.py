@@ -12,7 +12,7 @@ from habits_worker import batch, full, main, observed, sharded, through_bytes
 from torch import nn
 
 from hf_flexdemo import FlexDeMo
-from hf_flexdemo.replicate import exchange_bytes
+from hf_flexdemo.replicators import exchange_bytes
 
 SMALL_BUCKETS = 0.02  # MB: the tiny T5 falls into several exchange buckets
 

@@ -1,0 +1,188 @@
+"""Every FlexDeMo knob in one torch-free place: its accepted values, its default and its validation.
+
+``FlexDeMo`` (the ``torch.optim`` optimizer) and ``FlexDeMoConfig`` (the ``HfArgumentParser`` dataclass)
+both take their defaults from :data:`DEFAULTS` and their checks from :func:`validate`, so the two can
+never disagree; a test pins it. The defaults are measured choices: README "Choosing the defaults".
+
+Knobs are of two kinds, as in torch's optimizers:
+
+* :data:`PER_GROUP` knobs may differ between parameter groups (``lr``, the momentum rule, the block size);
+* :data:`OPTIMIZER_WIDE` knobs hold for the whole optimizer, because every group's payload shares one
+  exchange (the replicator, the wire, the schedule of the exchange, the guards). They live once on the
+  optimizer (``FlexDeMo.options``), not in the param groups.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal, get_args
+
+Update = Literal["sign", "sgd", "adamw", "rmsprop"]
+Replicator = Literal["demo", "random", "full", "none"]
+Momentum = Literal["lr", "ema", "avg", "adam"]
+Overlap = Literal["none", "backward", "delayed"]
+Consensus = Literal["choosers", "replicas"]
+ValueDtype = Literal["auto", "bfloat16", "float32", "float8"]  # "auto": float8 for replicator="demo", else bfloat16
+NonfiniteAction = Literal["skip", "raise"]
+DriftAction = Literal["raise", "resync"]
+
+UPDATES: tuple[str, ...] = get_args(Update)
+REPLICATORS: tuple[str, ...] = get_args(Replicator)
+MOMENTUMS: tuple[str, ...] = get_args(Momentum)
+OVERLAPS: tuple[str, ...] = get_args(Overlap)
+CONSENSUSES: tuple[str, ...] = get_args(Consensus)
+VALUE_DTYPE_CHOICES: tuple[str, ...] = get_args(ValueDtype)
+NONFINITE_ACTIONS: tuple[str, ...] = get_args(NonfiniteAction)
+DRIFT_ACTIONS: tuple[str, ...] = get_args(DriftAction)
+
+DEFAULT_RATE = 1 / 4  # the rate used when neither compression_rate, compression_topk nor a budget is set
+DEFAULT_CHUNK = 32
+
+DEFAULTS: dict[str, Any] = {
+    # per parameter group
+    "lr": 1e-3,
+    "weight_decay": 0.0,
+    "betas": (0.9, 0.999),
+    "eps": 1e-8,
+    "compression_rate": None,  # None: DEFAULT_RATE, unless compression_topk or a budget is set
+    "compression_topk": None,
+    "compression_chunk": DEFAULT_CHUNK,
+    "compression_decay": 0.999,
+    "compression_feedback": 1.0,
+    "momentum": "adam",
+    "update": "sgd",
+    # optimizer-wide
+    "replicator": "demo",
+    "consensus": "replicas",
+    "value_dtype": "auto",
+    "replicator_seed": 0,
+    "overlap": "none",
+    "bucket_cap_mb": 25.0,  # DDP's bucket_cap_mb
+    "budget_bytes": None,
+    "budget_fraction": None,
+    "budget_min_rate": 1 / 64,
+    "budget_max_rate": 1 / 4,
+    "on_nonfinite": "skip",
+    "drift_check_every": 100,
+    "on_drift": "raise",
+}
+PER_GROUP: tuple[str, ...] = ("lr", "weight_decay", "betas", "eps", "compression_rate", "compression_topk",
+                              "compression_chunk", "compression_decay", "compression_feedback", "momentum", "update")
+OPTIMIZER_WIDE: tuple[str, ...] = tuple(key for key in DEFAULTS if key not in PER_GROUP)
+
+
+def resolve_value_dtype(value_dtype: str, replicator: str) -> str:
+    """``value_dtype="auto"``'s choice: float8 for ``demo``'s all-gather, bfloat16 for the all-reduces, which add
+    values (float8's per-block scales do not add up); any other value as given."""
+    if value_dtype != "auto":
+        return value_dtype
+    return "float8" if replicator == "demo" else "bfloat16"
+
+
+def check(ok: bool, name: str, value: Any, accepted: str) -> None:
+    if not ok:
+        raise ValueError(f"FlexDeMo: invalid {name}={value!r}; accepted: {accepted}.")
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _choice(knobs: Mapping[str, Any], name: str, accepted: tuple[str, ...]) -> None:
+    if name in knobs:
+        check(knobs[name] in accepted, name, knobs[name], " | ".join(accepted))
+
+
+def validate(knobs: Mapping[str, Any]) -> None:
+    """Raise ``ValueError`` naming the field, its value and the accepted values for any invalid knob.
+
+    Checks the knobs present in ``knobs`` (a relation between two knobs when both are present); it has no
+    defaults of its own: callers pass what they will use.
+    """
+    get = knobs.get
+    for name, accepted in (("momentum", MOMENTUMS), ("update", UPDATES), ("replicator", REPLICATORS),
+                           ("consensus", CONSENSUSES), ("value_dtype", VALUE_DTYPE_CHOICES), ("overlap", OVERLAPS),
+                           ("on_nonfinite", NONFINITE_ACTIONS), ("on_drift", DRIFT_ACTIONS)):
+        _choice(knobs, name, accepted)
+    ranges = {
+        "lr": (lambda v: _number(v) and v >= 0, "a float >= 0"),
+        "weight_decay": (lambda v: _number(v) and v >= 0, "a float >= 0"),
+        "betas": (lambda v: len(v) == 2 and all(_number(b) and 0.0 <= b < 1.0 for b in v), "two floats in [0, 1)"),
+        "eps": (lambda v: _number(v) and v > 0, "a float > 0"),
+        "compression_rate": (lambda v: v is None or (_number(v) and 0 < v <= 1),
+                             "a float in (0, 1], e.g. 0.125 (None: the default rate)"),
+        "compression_topk": (lambda v: v is None or (isinstance(v, int) and v >= 1),
+                             "an integer >= 1 (None: use compression_rate)"),
+        "compression_chunk": (lambda v: isinstance(v, int) and v >= 1, "an integer >= 1"),
+        "compression_decay": (lambda v: _number(v) and 0.0 <= v < 1.0, "a float in [0, 1)"),
+        "compression_feedback": (lambda v: _number(v) and 0.0 < v <= 1.0, "a float in (0, 1]"),
+        "replicator_seed": (lambda v: isinstance(v, int) and v >= 0, "an integer >= 0"),
+        "drift_check_every": (lambda v: isinstance(v, int) and v >= 0, "an integer >= 0 (0 disables the check)"),
+        "bucket_cap_mb": (lambda v: _number(v) and v > 0, "a number of MB > 0"),
+        "budget_bytes": (lambda v: v is None or (isinstance(v, int) and v > 0),
+                         "None or an integer > 0 (inter-node bytes per step and rank)"),
+        "budget_fraction": (lambda v: v is None or (_number(v) and 0 < v < 1),
+                            "None or a float in (0, 1) (of the step time)"),
+    }
+    for name, (ok, accepted) in ranges.items():
+        if name in knobs:
+            check(ok(knobs[name]), name, knobs[name], accepted)
+    if get("compression_rate") is not None and get("compression_topk") is not None:
+        raise ValueError(f"FlexDeMo: compression_rate={get('compression_rate')!r} and compression_topk="
+                         f"{get('compression_topk')!r} are both set; accepted: one of them (a rate per block, or "
+                         "DeMo's fixed count per block).")
+    if "budget_min_rate" in knobs or "budget_max_rate" in knobs:
+        low, high = get("budget_min_rate"), get("budget_max_rate")
+        check(_number(low) and _number(high) and 0 < low <= high <= 1, "budget_min_rate, budget_max_rate",
+               (low, high), "0 < budget_min_rate <= budget_max_rate <= 1")
+    check(get("value_dtype") != "float8" or get("replicator") != "random", "value_dtype", get("value_dtype"),
+           "'bfloat16' | 'float32' with replicator='random' (its all-reduce sums values; float8's per-block "
+           "scales do not add up), or replicator='demo' for float8")
+    if get("budget_bytes") is not None or get("budget_fraction") is not None:
+        check(get("budget_bytes") is None or get("budget_fraction") is None, "budget_bytes, budget_fraction",
+               (get("budget_bytes"), get("budget_fraction")), "one of them (the other None)")
+        check(get("compression_topk") is None, "compression_topk", get("compression_topk"),
+               "None with a budget (the budget chooses a rate)")
+        check(get("replicator") in ("demo", "random", None), "replicator", get("replicator"),
+               "'demo' | 'random' with a budget ('full' and 'none' do not compress)")
+
+# What each knob means: FlexDeMoConfig's --help and FlexDeMo's argument reference.
+HELP: dict[str, str] = {
+    "lr": "Learning rate.",
+    "weight_decay": "Decoupled weight decay.",
+    "betas": "AdamW constants (update='adamw'/'rmsprop', momentum='avg'/'adam').",
+    "eps": "AdamW's epsilon (as betas).",
+    "compression_rate": f"Fraction of each DCT block's coefficients that travels between nodes (default "
+                        f"{DEFAULT_RATE:g} unless compression_topk or a budget is set); kept per block: "
+                        "round(rate * block size).",
+    "compression_topk": "DeMo's convention instead of a rate: coefficients kept per block.",
+    "compression_chunk": "Largest DCT block side; each side is the largest divisor of the shard dimension not "
+                         "above it.",
+    "compression_decay": "Momentum decay beta in [0, 1).",
+    "compression_feedback": "Fraction in (0, 1] of the sent signal that error feedback removes from the momentum.",
+    "momentum": "A gradient enters the momentum as lr * g (lr, DeMo), (1 - decay) * g (ema), or AdamW's "
+                "bias-corrected first moment (avg) or direction m / (sqrt(v) + eps) (adam) of this replica's "
+                "gradient.",
+    "update": "Update from the consensus Q: sign (DeMo), sgd, adamw (AdamW fed Q), or rmsprop (AdamW with "
+              "beta1 = 0).",
+    "replicator": "Cross-node exchange: demo (DCT top-k, all-gather), random (shared random positions, "
+                  "all-reduce of the values), full (dense average), none (a single node).",
+    "consensus": "replicator='demo': a coefficient is the mean over the replicas that chose it (choosers, DeMo) "
+                 "or over all replicas (replicas: the mean momentum).",
+    "value_dtype": "Wire type of coefficients (float8: e4m3 with a bfloat16 scale per block, demo only; auto: "
+                   "float8 for replicator='demo', else bfloat16).",
+    "replicator_seed": "Seed of replicator='random''s shared positions (the same on every replica).",
+    "overlap": "When the exchange runs: in step() (none), started per bucket during backward (backward: the "
+               "same update; gradients are read when FSDP2 finalises them, so clipping does not reach the "
+               "exchange), or travelling during the next step (delayed: one step stale).",
+    "bucket_cap_mb": "Exchange bucket size in MB of float32 local shards (DDP's bucket_cap_mb).",
+    "budget_bytes": "Instead of a rate: the largest rate whose payload fits this many inter-node bytes per step "
+                    "and rank.",
+    "budget_fraction": "Instead of a rate: the fraction of the step time the step may wait on the exchange (the "
+                       "rate follows measured times, agreed by every rank).",
+    "budget_min_rate": "Lowest rate a budget may choose.",
+    "budget_max_rate": "Highest rate a budget may choose.",
+    "on_nonfinite": "A NaN/Inf gradient on any rank: every rank skips the step (skip), or raises (raise).",
+    "drift_check_every": "Compare parameter fingerprints across nodes every N steps (0: never).",
+    "on_drift": "Replicas found different: raise, or copy replica 0's values (resync).",
+}

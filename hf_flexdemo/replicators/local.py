@@ -1,0 +1,31 @@
+"""``replicator="none"``: DeMo's compression with nothing exchanged, for a single node (replicate size 1).
+
+A replica decodes its own payload, so the update is what the same replica would apply in a job of one
+node with ``replicator="demo"``; with more than one replica it would let them drift, and the optimizer
+refuses it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor
+
+from ..plan import Stack
+from ..replicate import CommStats
+from .base import Exchange, ShardTotals
+from .demo import DemoReplicator
+
+
+class LocalReplicator(DemoReplicator):
+    name = "none"
+
+    def start(self, stacks: list[Stack], trailer: list[Tensor], stats: CommStats) -> Exchange:
+        return Exchange(stacks, None, trailer)
+
+    def finish(self, exchange: Exchange) -> tuple[list[Any], list[Tensor]]:
+        own = [[t.unsqueeze(0) for t in stack.wire] for stack in exchange.stacks]
+        return own, [t.reshape(1, -1) for t in exchange.like]
+
+    @classmethod
+    def step_bytes(cls, totals: ShardTotals, replicas: int, *, value_dtype: str, timing: bool) -> int:
+        return 0
