@@ -12,6 +12,8 @@ The drift check runs every ``drift_check_every`` steps only.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.distributed as dist
 from torch import Tensor
@@ -76,3 +78,21 @@ def resync(params: list[Tensor], group: dist.ProcessGroup) -> None:
         buffer = param.detach().contiguous()
         dist.broadcast(buffer, src=source, group=group)
         param.detach().copy_(buffer)
+
+
+def check_replicas(named: list[tuple[str, Tensor]], group: dist.ProcessGroup | None, size: int, device: torch.device,
+                   action: str) -> None:
+    """Compare the named local shards across the replicate ``group``; on a mismatch anywhere in the job, raise
+    naming the parameters (``action="raise"``) or copy replica 0's values (``"resync"``)."""
+    if size == 1:
+        return
+    bad = drifted([p for _, p in named], group, size, device)
+    names = agree([named[i][0] for i in bad])  # other replicate groups must stop too
+    if not names:
+        return
+    if action == "raise":
+        raise RuntimeError(f"FlexDeMo: replicas differ in {names} (on_drift='raise'). Replicas must start "
+                           "identical (same seed or checkpoint) and apply identical updates.")
+    warnings.warn(f"FlexDeMo: replicas differ in {names}; copying replica 0's values (on_drift='resync').",
+                  stacklevel=4)
+    resync([named[i][1] for i in bad], group)

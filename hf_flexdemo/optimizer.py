@@ -39,7 +39,7 @@ from __future__ import annotations
 import time
 import warnings
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -47,11 +47,9 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
-from torch.optim.adamw import adamw
 from torch.profiler import record_function
 
 from . import budget, compression, guards, knobs
-from . import functional as F
 from .knobs import (
     DEFAULT_RATE,
     DEFAULTS,
@@ -67,9 +65,10 @@ from .knobs import (
     ValueDtype,
     check,
 )
-from .plan import Bucket, Stack, build_plan, local_shard, set_rows, stack_rows
+from .plan import Bucket, Stack, build_plan, local_shard, new_state, set_rows, stack_rows
 from .replicate import CommStats, ReplicateGroup, dense_allreduce_bytes
-from .replicators import REGISTRY, exchange_bytes
+from .replicators import REGISTRY, Exchange, exchange_bytes
+from .replicators import Replicator as ReplicatorBase
 from .workspace import Workspace
 
 PARAM_DTYPES = (torch.float32, torch.bfloat16)
@@ -176,8 +175,7 @@ class FlexDeMo(Optimizer):
         self._dense_bytes = 0  # a dense fp32 all-reduce of the trainable shards: set with the plan
         self._bucket_of: dict[int, Bucket] = {}
         self._next_launch = 0  # buckets are launched in plan order, so every replica issues the same sequence
-        self._in_flight: list[Any] = []
-        self._local_flags: list[Tensor] = []  # this rank's own non-finite flags of the step in flight
+        self._in_flight = _InFlight(self._replicator, self._workspace, self._device)
         self._pending: dict[str, Any] | None = None  # overlap="delayed": the resolved consensus awaiting its step
         for handle in self._hooks:
             handle.remove()
@@ -207,7 +205,7 @@ class FlexDeMo(Optimizer):
         momentum and the consensus still to apply are per-parameter state (``pending_delta``,
         ``pending_update``), so a resumed run applies exactly what the uninterrupted one would.
         """
-        if self._in_flight:
+        if self._in_flight.exchanges:
             if self.options["overlap"] != "delayed":
                 raise RuntimeError("FlexDeMo: state_dict() while this step's exchange is in flight (after backward, "
                                    "before step()); call it after optimizer.step().")
@@ -251,7 +249,8 @@ class FlexDeMo(Optimizer):
     def _buckets(self) -> list[Bucket]:
         """The exchange plan (:func:`hf_flexdemo.plan.build_plan`), built once on the first step."""
         if self._plan is None:
-            self._plan = build_plan(self.param_groups, self._state_for, bucket_cap_mb=self.options["bucket_cap_mb"],
+            self._plan = build_plan(self.param_groups, lambda p, group: new_state(self.state[p], p, group),
+                                    bucket_cap_mb=self.options["bucket_cap_mb"],
                                     hook_shards=self.options["overlap"] == "backward")
             self._bucket_of = {id(p): bucket for bucket in self._plan for p in bucket.params}
             numel = sum(s.delta.numel() for b in self._plan for s in b.stacks)
@@ -260,23 +259,6 @@ class FlexDeMo(Optimizer):
                 self._rate = budget.rate_for_bytes(self._bytes_at, self.options["budget_bytes"],
                                                    self.options["budget_min_rate"], self.options["budget_max_rate"])
         return self._plan
-
-    def _state_for(self, p: Tensor, group: dict[str, Any]) -> dict[str, Tensor]:
-        """``p``'s state, created on first use."""
-        state = self.state[p]
-        if not state:
-            shard = local_shard(p)
-            state["step"] = torch.zeros((), dtype=torch.float32)  # on the CPU, as torch's AdamW keeps it
-            state["delta"] = torch.zeros_like(shard, dtype=torch.float32)
-            if group["update"] == "adamw":
-                state["exp_avg"] = torch.zeros_like(shard)
-            if group["update"] in ("adamw", "rmsprop"):
-                state["exp_avg_sq"] = torch.zeros_like(shard)
-            if group["momentum"] in ("avg", "adam"):  # this replica's AdamW moments of its node-averaged gradient
-                state["grad_avg"] = torch.zeros_like(shard, dtype=torch.float32)
-                if group["momentum"] == "adam":
-                    state["grad_avg_sq"] = torch.zeros_like(shard, dtype=torch.float32)
-        return state
 
     def _bytes_at(self, rate: float) -> int:
         """Inter-node bytes this rank sends per step at ``rate`` (the byte budget's equation)."""
@@ -328,7 +310,7 @@ class FlexDeMo(Optimizer):
             self._check_drift()
         plan = self._buckets()
         if self.options["overlap"] == "delayed":
-            if self._in_flight:
+            if self._in_flight.exchanges:
                 self._hold()
             if self._pending is not None:
                 self._apply_pending()
@@ -345,82 +327,38 @@ class FlexDeMo(Optimizer):
         for bucket in buckets:
             bucket.launched = True
         self._next_launch += len(buckets)
-        stacks = [s for b in buckets for s in b.stacks]
-        with record_function("FlexDeMo::compress"):
-            flag = self._compress(stacks)
-        with record_function("FlexDeMo::exchange"):
-            trailer = [flag.reshape(1)] + ([self._timing] if self.options["budget_fraction"] is not None else [])
-            self._in_flight.append(self._replicator.start(stacks, trailer, self._stats))
-        self._local_flags.append(flag)
+        timing = [self._timing] if self.options["budget_fraction"] is not None else []
+        self._in_flight.launch([s for b in buckets for s in b.stacks], kept=self._kept, step=self.steps,
+                               timing=timing, stats=self._stats)
 
-    def _compress(self, stacks: list[Stack]) -> Tensor:
-        """The new momentum and payload of every stack; returns this rank's non-finite flag.
-
-        Non-finite values are zeroed before they are encoded (the flag tells every rank to skip)."""
-        payloads = []
-        for stack in stacks:
-            stack.momentum, stack.lr = _momentum(stack), stack.group["lr"]
-            payloads.append(self._replicator.select(stack, k=self._kept(stack), step=self.steps,
-                                                    workspace=self._workspace))
-        flag = guards.nonfinite(payloads, self._device)
-        for values in payloads:
-            torch.nan_to_num_(values, nan=0.0, posinf=0.0, neginf=0.0)
-        for stack in stacks:
-            self._replicator.encode(stack, feedback=stack.group["compression_feedback"], workspace=self._workspace)
-        return flag
-
-    def _finish(self) -> tuple[list[Stack], list[Any], Tensor, Tensor | None]:
-        """Wait for every exchange in flight: the stacks, their received payloads, the flag OR-ed over the
-        replicate group and, with a time budget, the replicas' mean waited fraction."""
-        stacks, received, flags, timings = [], [], [], []
-        for exchange in self._in_flight:
-            stacks += exchange.stacks
-            got, trailer = self._replicator.finish(exchange)
-            received += got
-            flags.append((trailer[0] > 0).any())
-            timings.append(trailer[1].float().mean() if len(trailer) > 1 else None)
-        self._in_flight = []
-        return stacks, received, torch.stack(flags).any(), timings[0]
-
-    def _decide(self, flag: Tensor, timing: Tensor | None) -> tuple[bool, bool]:
-        """The step's one host sync: skip or not, the same on every rank (and a time budget's next rate);
-        with it, on the skip path only, whether this rank's own gradient was the non-finite one."""
-        verdict = flag.to(torch.float32).reshape(1)
-        if timing is not None:
-            verdict = torch.cat([verdict, timing.reshape(1)])
-        with record_function("FlexDeMo::exchange"):
-            verdict = guards.max_in_group(verdict, self.shard_group, self._stats)
-        if timing is None:
-            skip = verdict.item() > 0
-        else:
-            skip, measured = verdict.tolist()
+    def _resolve(self) -> tuple[list[Stack], list[Any], bool, bool]:
+        """Finish the exchanges in flight and decide (a time budget's next rate with it)."""
+        stacks, received, skip, own_nonfinite, measured = self._in_flight.resolve(self.shard_group, self._stats)
+        if measured is not None:
             options = self.options
             self._rate = budget.next_rate(self._rate, measured, options["budget_fraction"],
                                           options["budget_min_rate"], options["budget_max_rate"])
-        own_nonfinite = bool(torch.stack(self._local_flags).any()) if skip else False  # a second sync, skip path only
-        self._local_flags = []
-        return bool(skip), own_nonfinite
+        return stacks, received, skip, own_nonfinite
 
     def _resolve_and_apply(self) -> None:
         """Wait for this step's exchanges, decide, then decode and apply stack by stack."""
-        stacks, received, flag, timing = self._finish()
-        skip, own_nonfinite = self._decide(flag, timing)
+        stacks, received, skip, own_nonfinite = self._resolve()
         if skip:
             self._skip(self.steps, own_nonfinite)
-            _discard(stacks)
+            for stack in stacks:
+                stack.discard()
             return
         for stack, payload in zip(stacks, received):
             with record_function("FlexDeMo::decode"):
                 q = self._replicator.decode(stack, payload, workspace=self._workspace)
             with record_function("FlexDeMo::apply"):
-                _commit(stack, spent=self._replicator.spends_momentum)
-                self._apply(stack, q, stack.lr)
+                stack.commit(spent=self._replicator.spends_momentum)
+                stack.apply(q, stack.lr, self._workspace)
 
     def _hold(self) -> None:
         """``overlap="delayed"``: wait for the exchange in flight, decide, and keep the decoded consensus and
         the candidate momentum as per-parameter state until the step that applies them."""
-        stacks, received, flag, timing = self._finish()
-        skip, own_nonfinite = self._decide(flag, timing)
+        stacks, received, skip, own_nonfinite = self._resolve()
         for stack, payload in zip(stacks, received):
             if not skip:
                 with record_function("FlexDeMo::decode"):
@@ -441,39 +379,16 @@ class FlexDeMo(Optimizer):
             stack.moments = {key: [s["pending_" + key] for s in stack.states] for key in held} or None
         if pending["skip"]:
             self._skip(pending["step"], pending["here"])
-            _discard(stacks)
+            for stack in stacks:
+                stack.discard()
         else:
             for stack in stacks:
                 with record_function("FlexDeMo::apply"):
-                    _commit(stack, spent=self._replicator.spends_momentum)
-                    self._apply(stack, stack_rows(stack.states, "pending_update"), stack.lr)
+                    stack.commit(spent=self._replicator.spends_momentum)
+                    stack.apply(stack_rows(stack.states, "pending_update"), stack.lr, self._workspace)
         for state in (state for stack in stacks for state in stack.states):
             for key in PENDING_KEYS:
                 state.pop(key, None)
-
-    def _apply(self, stack: Stack, q: Tensor, lr: float) -> None:
-        """Update the stack's parameters from its ``(P, *shape)`` signal ``Q`` (built with learning rate ``lr``)."""
-        group, params, states = stack.group, stack.shards(), stack.states
-        # AdamW's eps and SGD's step are in gradient units: Q divided by the scale it entered the momentum with.
-        scale = F.entry_scale(group["momentum"], lr=lr, decay=group["compression_decay"])
-        to_gradient = 1.0 / scale if scale > 0 else 0.0
-        (beta1, beta2), eps = group["betas"], group["eps"]
-        if group["update"] == "adamw":
-            grads = [(row * to_gradient).to(p.dtype) for row, p in zip(q.unbind(0), params)]
-            adamw(params, grads, [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states], [],
-                  [s["step"] for s in states], amsgrad=False, beta1=beta1, beta2=beta2, lr=lr,
-                  weight_decay=group["weight_decay"], eps=eps, maximize=False)
-            return
-        torch._foreach_add_([s["step"] for s in states], 1.0)
-        F.decay_weights(params, lr=lr, weight_decay=group["weight_decay"])
-        if group["update"] == "rmsprop":
-            avg_sq = stack_rows(states, "exp_avg_sq")
-            F.rmsprop_step(params, q, avg_sq, self._workspace("denominator", avg_sq), step=float(states[0]["step"]),
-                           lr=lr, scale=to_gradient, beta2=beta2, eps=eps)
-        elif group["update"] == "sign":
-            F.sign_step(params, q, lr=lr)
-        else:
-            F.sgd_step(params, q, lr=lr, to_gradient=to_gradient)
 
     def _end_step(self, plan: list[Bucket]) -> None:
         self.steps += 1
@@ -502,20 +417,9 @@ class FlexDeMo(Optimizer):
     # ---- drift -------------------------------------------------------------------------------
 
     def _check_drift(self) -> None:
-        """Compare parameter fingerprints across replicas; raise or re-synchronise on a mismatch."""
-        if self.replicate.size == 1:
-            return
+        """Compare parameter fingerprints across replicas (:func:`hf_flexdemo.guards.check_replicas`)."""
         named = [(name, local_shard(p)) for name, p in self._named_params()]
-        bad = guards.drifted([p for _, p in named], self.replicate.group, self.replicate.size, self._device)
-        names = guards.agree([named[i][0] for i in bad])  # other replicate groups must stop too
-        if not names:
-            return
-        if self.options["on_drift"] == "raise":
-            raise RuntimeError(f"FlexDeMo: replicas differ in {names} (on_drift='raise'). Replicas must start "
-                               "identical (same seed or checkpoint) and apply identical updates.")
-        warnings.warn(f"FlexDeMo: replicas differ in {names}; copying replica 0's values (on_drift='resync').",
-                      stacklevel=3)
-        guards.resync([named[i][1] for i in bad], self.replicate.group)
+        guards.check_replicas(named, self.replicate.group, self.replicate.size, self._device, self.options["on_drift"])
 
     def _named_params(self) -> list[tuple[str, Tensor]]:
         """Trainable parameters with their names (``param_names`` of a group if given, else positions)."""
@@ -526,35 +430,53 @@ class FlexDeMo(Optimizer):
         return named
 
 
-def _momentum(stack: Stack) -> Tensor:
-    """``beta * delta + scale * x`` in the stack's spare buffer (``x``: the gradient, or AdamW's ``m`` or
-    direction, whose new moments become the stack's candidates): the old momentum survives a skipped step."""
-    group = stack.group
-    spare, stack.spare = stack.spare, None
-    if spare is None or spare.shape != stack.delta.shape:
-        spare = torch.empty_like(stack.delta)
-    if group["momentum"] in ("avg", "adam"):
-        (beta1, beta2), states = group["betas"], stack.states
-        entering, stack.moments = F.adam_direction(
-            [g.float() for g in stack.grads()], [s["grad_avg"] for s in states],
-            [s["grad_avg_sq"] for s in states] if group["momentum"] == "adam" else None,
-            step=float(states[0]["step"]) + 1.0, beta1=beta1, beta2=beta2, eps=group["eps"])
-    else:
-        entering = stack.grads()
-    scale = F.entry_scale(group["momentum"], lr=group["lr"], decay=group["compression_decay"])
-    return F.momentum_step(stack.delta, entering, out=spare, decay=group["compression_decay"], scale=scale)
+class _InFlight:
+    """The exchanges of the step in flight: each compressed and started with :meth:`launch` (one collective per
+    call: the whole step, or a bucket during backward), then waited for and decided together by :meth:`resolve`."""
 
+    def __init__(self, replicator: ReplicatorBase, workspace: Workspace, device: torch.device) -> None:
+        self.replicator, self.workspace, self.device = replicator, workspace, device
+        self.exchanges: list[Exchange] = []
+        self.flags: list[Tensor] = []  # this rank's own non-finite flags
 
-def _commit(stack: Stack, spent: bool) -> None:
-    """Make the candidate momentum the state; the old buffer becomes the next candidate's."""
-    if spent:
-        stack.momentum.zero_()
-    for key, rows in stack.candidate().items():
-        set_rows(stack.states, key, rows)
-    stack.spare, stack.delta, stack.momentum, stack.moments = stack.delta, stack.momentum, None, None
+    def launch(self, stacks: list[Stack], *, kept: Callable[[Stack], int], step: int, timing: list[Tensor],
+               stats: CommStats) -> None:
+        """The new momentum and payload of every stack, then their collective, the non-finite flag (and a time
+        budget's ``timing``) riding in it. Non-finite values are zeroed before they are encoded."""
+        replicator, payloads = self.replicator, []
+        with record_function("FlexDeMo::compress"):
+            for stack in stacks:
+                stack.momentum, stack.lr = stack.new_momentum(), stack.group["lr"]
+                payloads.append(replicator.select(stack, k=kept(stack), step=step, workspace=self.workspace))
+            flag = guards.nonfinite(payloads, self.device)
+            for values in payloads:
+                torch.nan_to_num_(values, nan=0.0, posinf=0.0, neginf=0.0)
+            for stack in stacks:
+                replicator.encode(stack, feedback=stack.group["compression_feedback"], workspace=self.workspace)
+        with record_function("FlexDeMo::exchange"):
+            self.exchanges.append(replicator.start(stacks, [flag.reshape(1), *timing], stats))
+        self.flags.append(flag)
 
-
-def _discard(stacks: list[Stack]) -> None:
-    """A skipped step: the candidate momentum is dropped (its buffer is reused)."""
-    for stack in stacks:
-        stack.spare, stack.momentum, stack.moments = stack.momentum, None, None
+    def resolve(self, shard_group: dist.ProcessGroup | None, stats: CommStats
+                ) -> tuple[list[Stack], list[Any], bool, bool, float | None]:
+        """Wait for every exchange: the stacks, their received payloads, and the step's one host sync: skip or
+        not, the same on every rank (the flag OR-ed over the replicate group by the payloads, over the node by
+        one all-reduce); on the skip path only, whether this rank's own gradient was the non-finite one; and
+        with a time budget, the agreed waited fraction."""
+        stacks, received, flags, timings = [], [], [], []
+        for exchange in self.exchanges:
+            stacks += exchange.stacks
+            got, trailer = self.replicator.finish(exchange)
+            received += got
+            flags.append((trailer[0] > 0).any())
+            if len(trailer) > 1:
+                timings.append(trailer[1].float().mean())
+        verdict = torch.stack(flags).any().to(torch.float32).reshape(1)
+        if timings:
+            verdict = torch.cat([verdict, timings[0].reshape(1)])
+        with record_function("FlexDeMo::exchange"):
+            verdict = guards.max_in_group(verdict, shard_group, stats)
+        skip, measured = verdict.tolist() if timings else (verdict.item(), None)
+        own_nonfinite = bool(torch.stack(self.flags).any()) if skip > 0 else False  # a second sync, skip path only
+        self.exchanges, self.flags = [], []
+        return stacks, received, skip > 0, own_nonfinite, measured

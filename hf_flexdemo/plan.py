@@ -8,6 +8,10 @@ decoded in a few large kernels instead of one small kernel per parameter.
 
 The plan depends only on the parameters' local shapes and the groups' block sizes, so every replica of a
 shard builds the same plan and issues the same sequence of collectives.
+
+A stack also carries its step's state transitions: the candidate momentum (:meth:`Stack.new_momentum`),
+its commit or discard, and the update from the consensus (:meth:`Stack.apply`), each reading its group's
+knobs and calling :mod:`hf_flexdemo.functional` for the arithmetic.
 """
 
 from __future__ import annotations
@@ -19,8 +23,11 @@ from typing import Any
 import torch
 from torch import Tensor
 from torch.distributed.tensor import DTensor
+from torch.optim.adamw import adamw
 
+from . import functional as F
 from .dct import BlockLayout
+from .workspace import Workspace
 
 
 def local_shard(tensor: Tensor) -> Tensor:
@@ -64,6 +71,61 @@ class Stack:
         """The state the step in flight commits, per key: the new momentum's rows and any new moments."""
         return {"delta": list(self.momentum.unbind(0)), **(self.moments or {})}
 
+    def new_momentum(self) -> Tensor:
+        """The candidate momentum ``beta * delta + scale * x`` in the spare buffer (``x``: the gradient, or AdamW's
+        ``m`` or direction, whose new moments become ``moments``): the old momentum survives a skipped step."""
+        group = self.group
+        spare, self.spare = self.spare, None
+        if spare is None or spare.shape != self.delta.shape:
+            spare = torch.empty_like(self.delta)
+        if group["momentum"] in ("avg", "adam"):
+            (beta1, beta2), states = group["betas"], self.states
+            entering, self.moments = F.adam_direction(
+                [g.float() for g in self.grads()], [s["grad_avg"] for s in states],
+                [s["grad_avg_sq"] for s in states] if group["momentum"] == "adam" else None,
+                step=float(states[0]["step"]) + 1.0, beta1=beta1, beta2=beta2, eps=group["eps"])
+        else:
+            entering = self.grads()
+        scale = F.entry_scale(group["momentum"], lr=group["lr"], decay=group["compression_decay"])
+        return F.momentum_step(self.delta, entering, out=spare, decay=group["compression_decay"], scale=scale)
+
+    def apply(self, q: Tensor, lr: float, workspace: Workspace) -> None:
+        """Update the parameters from their ``(P, *shape)`` consensus ``Q`` (built with learning rate ``lr``)."""
+        group, params, states = self.group, self.shards(), self.states
+        # AdamW's eps and SGD's step are in gradient units: Q divided by the scale it entered the momentum with.
+        scale = F.entry_scale(group["momentum"], lr=lr, decay=group["compression_decay"])
+        to_gradient = 1.0 / scale if scale > 0 else 0.0
+        (beta1, beta2), eps = group["betas"], group["eps"]
+        if group["update"] == "adamw":
+            grads = [(row * to_gradient).to(p.dtype) for row, p in zip(q.unbind(0), params)]
+            adamw(params, grads, [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states], [],
+                  [s["step"] for s in states], amsgrad=False, beta1=beta1, beta2=beta2, lr=lr,
+                  weight_decay=group["weight_decay"], eps=eps, maximize=False)
+            return
+        torch._foreach_add_([s["step"] for s in states], 1.0)
+        F.decay_weights(params, lr=lr, weight_decay=group["weight_decay"])
+        if group["update"] == "rmsprop":
+            avg_sq = stack_rows(states, "exp_avg_sq")
+            F.rmsprop_step(params, q, avg_sq, workspace("denominator", avg_sq), step=float(states[0]["step"]),
+                           lr=lr, scale=to_gradient, beta2=beta2, eps=eps)
+        elif group["update"] == "sign":
+            F.sign_step(params, q, lr=lr)
+        else:
+            F.sgd_step(params, q, lr=lr, to_gradient=to_gradient)
+
+    def commit(self, spent: bool) -> None:
+        """Make the candidate momentum the state (zeroed first if ``spent``); the old buffer becomes the next
+        candidate's."""
+        if spent:
+            self.momentum.zero_()
+        for key, rows in self.candidate().items():
+            set_rows(self.states, key, rows)
+        self.spare, self.delta, self.momentum, self.moments = self.delta, self.momentum, None, None
+
+    def discard(self) -> None:
+        """A skipped step: the candidate momentum is dropped (its buffer is reused)."""
+        self.spare, self.momentum, self.moments = self.momentum, None, None
+
 
 @dataclass
 class Bucket:
@@ -95,6 +157,23 @@ def stack_rows(states: list[dict[str, Tensor]], key: str) -> Tensor:
     stacked = torch.stack(rows)
     set_rows(states, key, stacked)
     return stacked
+
+
+def new_state(state: dict[str, Any], p: Tensor, group: dict[str, Any]) -> dict[str, Any]:
+    """``p``'s optimizer ``state``, filled on first use with what the group's rules keep."""
+    if not state:
+        shard = local_shard(p)
+        state["step"] = torch.zeros((), dtype=torch.float32)  # on the CPU, as torch's AdamW keeps it
+        state["delta"] = torch.zeros_like(shard, dtype=torch.float32)
+        if group["update"] == "adamw":
+            state["exp_avg"] = torch.zeros_like(shard)
+        if group["update"] in ("adamw", "rmsprop"):
+            state["exp_avg_sq"] = torch.zeros_like(shard)
+        if group["momentum"] in ("avg", "adam"):  # this replica's AdamW moments of its node-averaged gradient
+            state["grad_avg"] = torch.zeros_like(shard, dtype=torch.float32)
+            if group["momentum"] == "adam":
+                state["grad_avg_sq"] = torch.zeros_like(shard, dtype=torch.float32)
+    return state
 
 
 def build_plan(
