@@ -75,7 +75,7 @@ class ConfigArgumentParser(HfArgumentParser):
         return {action.dest for action in self._actions} - {"help", "config"}
 
     def set_defaults_with_config(self, values: Mapping[str, Any]) -> None:
-        """Make ``values`` the defaults of the parser's options (TRL's method of the same name)."""
+        """Make ``values`` the defaults of the parser's options (TRL's method of the same name, on a mapping)."""
         for action in self._actions:
             if action.dest in values:
                 action.default = values[action.dest]
@@ -114,9 +114,11 @@ class ConfigArgumentParser(HfArgumentParser):
         unknown = sorted(set(config) - accepted)
         if not unknown:
             return
-        hints = {name: difflib.get_close_matches(name, accepted, n=1) for name in unknown}
-        guesses = "".join(f"; did you mean {hint[0]!r} for {name!r}?" for name, hint in hints.items() if hint)
+        guesses = [
+            f"{match[0]!r} for {name!r}" for name in unknown if (match := difflib.get_close_matches(name, accepted, 1))
+        ]
+        hint = f" (did you mean {', '.join(guesses)}?)" if guesses else ""
         raise ValueError(
-            f"--config {path}: unknown argument(s) {unknown}{guesses}; the accepted fields are "
-            f"{', '.join(sorted(accepted))}"
+            f"--config {path}: unknown argument(s) {unknown}{hint}; "
+            f"the accepted fields are {', '.join(sorted(accepted))}"
         )

@@ -23,7 +23,6 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, EvalPrediction, T
 from hf_flexdemo import seq2seq_data, seq2seq_metrics, seq2seq_model
 from hf_flexdemo.tiny_t5 import build_tokenizer
 
-
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 
 
