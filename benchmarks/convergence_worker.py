@@ -19,15 +19,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from seq2seq import (
-    DataTrainingArguments,
-    ModelArguments,
-    Seq2SeqMetrics,
-    build_trainer,
-    load_raw_datasets,
-    load_tokenizer,
-    tokenize_splits,
-)
 from transformers import (
     HfArgumentParser,
     Seq2SeqTrainingArguments,
@@ -39,6 +30,9 @@ from transformers import (
 from hf_flexdemo import FlexDeMoConfig
 from hf_flexdemo.config import METHODS
 from hf_flexdemo.replicate import dense_allreduce_bytes
+from hf_flexdemo.seq2seq_data import DataTrainingArguments, load_raw_datasets, tokenize_splits
+from hf_flexdemo.seq2seq_metrics import Seq2SeqMetrics
+from hf_flexdemo.seq2seq_model import ModelArguments, build_trainer, load_tokenizer
 from hf_flexdemo.tiny_t5 import tiny_t5_config
 
 TASK = "translation"

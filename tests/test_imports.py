@@ -1,7 +1,11 @@
-"""The optimizer imports without the Hugging Face stack; the trainers load it on first use."""
+"""The optimizer imports without the Hugging Face stack; the trainers load it on first use; the library
+never imports the recipes or the benchmarks."""
 
+import pkgutil
 import subprocess
 import sys
+
+import hf_flexdemo
 
 HEAVY = ("transformers", "accelerate", "datasets", "evaluate")
 
@@ -17,6 +21,26 @@ def test_optimizer_import_leaves_the_hf_stack_unloaded():
         f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))\n"
     )
     assert loaded.strip() == "[]"
+
+
+# Modules that need the Hugging Face stack: never imported by ``import hf_flexdemo``.
+SEQ2SEQ_MODULES = ("hf_flexdemo.arguments", "hf_flexdemo.seq2seq_data", "hf_flexdemo.seq2seq_metrics",
+                   "hf_flexdemo.seq2seq_model")
+
+
+def test_every_library_module_imports_without_the_recipes_or_benchmarks():
+    modules = sorted(f"hf_flexdemo.{m.name}" for m in pkgutil.iter_modules(hf_flexdemo.__path__) if not m.ispkg)
+    assert set(SEQ2SEQ_MODULES) <= set(modules)
+    loaded = _run(
+        "import importlib, sys\n"
+        "sys.path = [p for p in sys.path if not p.rstrip('/').endswith(('recipes', 'benchmarks'))]\n"
+        "import hf_flexdemo\n"
+        f"print(sorted(m for m in {SEQ2SEQ_MODULES!r} if m in sys.modules))\n"
+        f"for name in {modules!r}:\n"
+        "    importlib.import_module(name)\n"
+        "print(sorted(m for m in ('seq2seq', 'convergence_worker') if m in sys.modules))\n"
+    )
+    assert loaded.split("\n")[:2] == ["[]", "[]"]
 
 
 def test_trainer_symbols_load_on_first_access():

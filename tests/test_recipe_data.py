@@ -1,7 +1,12 @@
-"""The seq2seq recipe's arguments, data sources, preprocessing, offline metrics and summary (one process)."""
+"""The seq2seq recipe's arguments, data sources, preprocessing, offline metrics and summary (one process).
+
+The data, model and metrics code is the package's (``hf_flexdemo.seq2seq_*``); the arguments, ``main`` and
+the summary are the recipe script's, loaded from ``recipes/seq2seq.py``.
+"""
 
 import csv
 import gzip
+import importlib.util
 import json
 import re
 import socket
@@ -12,9 +17,25 @@ import huggingface_hub
 import numpy as np
 import pytest
 import sacrebleu
-import seq2seq
 from rouge_score import rouge_scorer
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, EvalPrediction, TrainerState
+
+from hf_flexdemo import seq2seq_data, seq2seq_metrics, seq2seq_model
+from hf_flexdemo.tiny_t5 import build_tokenizer
+
+RECIPES = Path(__file__).resolve().parents[1] / "recipes"
+
+
+def load_recipe():
+    """``recipes/seq2seq.py``: a script next to its entry points, so loaded from its file."""
+    spec = importlib.util.spec_from_file_location("recipe_seq2seq", RECIPES / "seq2seq.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+recipe = load_recipe()
 
 MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
 needs_multi30k = pytest.mark.skipif(
@@ -24,14 +45,14 @@ needs_multi30k = pytest.mark.skipif(
 
 
 def parse(task: str, *argv: str):
-    return seq2seq.parse_arguments(task, list(argv))
+    return recipe.parse_arguments(task, list(argv))
 
 
 def load(task: str, tmp_path: Path, *argv: str):
     """Parse ``argv``, then load, check and split the data as ``main`` does."""
     _, data_args, _, _ = parse(task, "--output_dir", str(tmp_path / "out"), *argv)
-    raw, _ = seq2seq.load_raw_datasets(task, data_args, str(tmp_path / "cache"), seed=0)
-    return seq2seq.prepare_splits(raw, data_args, seed=0), data_args
+    raw, _ = seq2seq_data.load_raw_datasets(task, data_args, str(tmp_path / "cache"), seed=0)
+    return seq2seq_data.prepare_splits(raw, data_args, seed=0), data_args
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> str:
@@ -185,7 +206,7 @@ def test_typed_choices_are_refused_by_argparse_with_the_choices(flag, value, cap
 def run_main(monkeypatch: pytest.MonkeyPatch, task: str, *argv: str) -> None:
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(sys, "argv", [f"t5_{task}.py", *argv])
-    seq2seq.main(task)
+    recipe.main(task)
 
 
 def test_predict_without_a_test_split_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -236,7 +257,7 @@ def test_multi30k_parallel_pair_by_prefix(tmp_path: Path) -> None:
     assert (len(splits["train"]), len(splits["validation"])) == (1014, 1000)
     assert splits["train"][0]["translation"] == {"en": english[0], "fr": french[0]}
     assert splits["train"][-1]["translation"] == {"en": english[-1], "fr": french[-1]}
-    sources, targets = seq2seq.source_and_target_texts(splits["validation"], "translation", data_args)
+    sources, targets = seq2seq_data.source_and_target_texts(splits["validation"], "translation", data_args)
     assert (sources[5], targets[5]) == (
         read_gz(MULTI30K / "test_2016_flickr.en.gz")[5],
         read_gz(MULTI30K / "test_2016_flickr.fr.gz")[5],
@@ -249,7 +270,7 @@ def test_multi30k_pair_by_one_of_its_files_and_reversed(tmp_path: Path) -> None:
         "translation", tmp_path, "--train_file", str(MULTI30K / "val.en.gz"), "--source_lang", "fr",
         "--target_lang", "en", "--max_train_samples", "100",
     )
-    sources, targets = seq2seq.source_and_target_texts(splits["train"], "translation", data_args)
+    sources, targets = seq2seq_data.source_and_target_texts(splits["train"], "translation", data_args)
     french, english = read_gz(MULTI30K / "val.fr.gz"), read_gz(MULTI30K / "val.en.gz")
     assert len(splits["train"]) == 100
     assert len(splits["validation"]) == 51  # 5% of the 1014 pairs held out, as there is no validation file
@@ -279,10 +300,10 @@ def test_jsonl_in_the_translation_convention(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "train.jsonl", PAIRS * 20)
     splits, data_args = load("translation", tmp_path, "--train_file", path, "--validation_file", path)
     assert len(splits["train"]) == 60
-    sources, targets = seq2seq.source_and_target_texts(splits["train"], "translation", data_args)
+    sources, targets = seq2seq_data.source_and_target_texts(splits["train"], "translation", data_args)
     assert (sources[1], targets[1]) == ("two dogs", "deux chiens")
     splits, data_args = load("translation", tmp_path, "--train_file", path, "--target_lang", "de")
-    assert seq2seq.source_and_target_texts(splits["train"], "translation", data_args)[1][0] in {
+    assert seq2seq_data.source_and_target_texts(splits["train"], "translation", data_args)[1][0] in {
         "ein rotes Auto", "zwei Hunde", "ein Mann rennt"
     }
 
@@ -298,7 +319,7 @@ def test_flat_language_columns_in_json_and_csv(tmp_path: Path) -> None:
     for path in (json_path, str(csv_path)):
         splits, data_args = load("translation", tmp_path, "--train_file", path, "--validation_file", path)
         assert splits["validation"].column_names == ["translation"]
-        assert seq2seq.source_and_target_texts(splits["validation"], "translation", data_args) == (
+        assert seq2seq_data.source_and_target_texts(splits["validation"], "translation", data_args) == (
             ["a red car", "two dogs", "a man runs"],
             ["une voiture rouge", "deux chiens", "un homme court"],
         )
@@ -360,7 +381,7 @@ def test_summarization_from_local_files(tmp_path: Path) -> None:
         "summarization", tmp_path, "--train_file", str(csv_path), "--validation_file", str(csv_path),
         "--text_column", "article", "--summary_column", "highlights",
     )
-    assert seq2seq.source_and_target_texts(splits["validation"], "summarization", data_args)[1] == [
+    assert seq2seq_data.source_and_target_texts(splits["validation"], "summarization", data_args)[1] == [
         "River floods town.", "Bridge opens.", "Team wins final."
     ]
     with pytest.raises(ValueError, match=r"no column \['text', 'summary'\]; found columns \['article', 'highlights'\]"):
@@ -377,10 +398,10 @@ def test_tokenization_adds_the_prefix_and_masks_padding(tmp_path: Path) -> None:
         "--source_prefix", "translate: ", "--pad_to_max_length", "--max_source_length", "12",
         "--max_target_length", "10",
     )
-    raw, _ = seq2seq.load_raw_datasets("translation", data_args, str(tmp_path / "cache"), seed=0)
-    splits = seq2seq.prepare_splits(raw, data_args, seed=0)
-    tokenizer = seq2seq.load_tokenizer(model_args, splits, "translation", data_args)
-    tokenized = seq2seq.tokenize_splits(splits, "translation", tokenizer, data_args, training_args)
+    raw, _ = seq2seq_data.load_raw_datasets("translation", data_args, str(tmp_path / "cache"), seed=0)
+    splits = seq2seq_data.prepare_splits(raw, data_args, seed=0)
+    tokenizer = seq2seq_model.load_tokenizer(model_args, splits, "translation", data_args)
+    tokenized = seq2seq_data.tokenize_splits(splits, "translation", tokenizer, data_args, training_args)
     example = tokenized["train"][1]
     assert len(example["input_ids"]) == 12 and len(example["labels"]) == 10
     assert tokenizer.decode(example["input_ids"], skip_special_tokens=True) == "translate: two dogs"
@@ -398,11 +419,11 @@ REFERENCES = ["le chat est sur la table", "il pleut fort aujourd'hui", "un homme
 def test_offline_metric_modules_match_the_libraries(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     references = [[r] for r in REFERENCES]
-    bleu = seq2seq.load_metric("sacrebleu").compute(predictions=HYPOTHESES, references=references)
+    bleu = seq2seq_metrics.load_metric("sacrebleu").compute(predictions=HYPOTHESES, references=references)
     assert bleu["score"] == pytest.approx(sacrebleu.corpus_bleu(HYPOTHESES, [REFERENCES]).score)
-    chrf = seq2seq.load_metric("chrf").compute(predictions=HYPOTHESES, references=references)
+    chrf = seq2seq_metrics.load_metric("chrf").compute(predictions=HYPOTHESES, references=references)
     assert chrf["score"] == pytest.approx(sacrebleu.corpus_chrf(HYPOTHESES, [REFERENCES]).score)
-    rouge = seq2seq.load_metric("rouge").compute(predictions=HYPOTHESES, references=REFERENCES)
+    rouge = seq2seq_metrics.load_metric("rouge").compute(predictions=HYPOTHESES, references=REFERENCES)
     scorer = rouge_scorer.RougeScorer(["rouge1", "rougeL"])
     expected = [scorer.score(r, h) for h, r in zip(HYPOTHESES, REFERENCES)]
     assert rouge["rouge1"] == pytest.approx(np.mean([s["rouge1"].fmeasure for s in expected]))
@@ -420,25 +441,25 @@ def test_metrics_fall_back_to_the_local_modules_without_network(
     monkeypatch.setattr(socket, "create_connection", refuse)
     monkeypatch.setattr(socket, "getaddrinfo", refuse)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-    with caplog.at_level("WARNING", logger="seq2seq"):
-        metric = seq2seq.load_metric("chrf")
-    assert f"using the offline copy {seq2seq.METRICS_DIR / 'chrf'}" in caplog.text
+    with caplog.at_level("WARNING", logger="hf_flexdemo.seq2seq_metrics"):
+        metric = seq2seq_metrics.load_metric("chrf")
+    assert f"using the offline copy {seq2seq_metrics.METRICS_DIR / 'chrf'}" in caplog.text
     assert metric.compute(predictions=["un homme"], references=[["un homme"]])["score"] == pytest.approx(100)
 
 
 def test_seq2seq_metrics_decode_and_score(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    tokenizer = seq2seq.build_tokenizer(HYPOTHESES + REFERENCES)
+    tokenizer = build_tokenizer(HYPOTHESES + REFERENCES)
     predictions = tokenizer(HYPOTHESES, padding=True, return_tensors="np").input_ids
     labels = tokenizer(text_target=HYPOTHESES, padding=True, return_tensors="np").input_ids
     labels[labels == tokenizer.pad_token_id] = -100
-    metrics = seq2seq.Seq2SeqMetrics("translation", tokenizer)
+    metrics = seq2seq_metrics.Seq2SeqMetrics("translation", tokenizer)
     scores = metrics(EvalPrediction(predictions=predictions, label_ids=labels))
     assert scores["bleu"] == pytest.approx(100) and scores["chrf"] == pytest.approx(100)
     assert metrics.predictions == HYPOTHESES == metrics.references
     other = tokenizer(REFERENCES, padding=True, return_tensors="np").input_ids
     assert metrics(EvalPrediction(predictions=(other,), label_ids=labels))["bleu"] < 100
-    summaries = seq2seq.Seq2SeqMetrics("summarization", tokenizer)
+    summaries = seq2seq_metrics.Seq2SeqMetrics("summarization", tokenizer)
     assert summaries(EvalPrediction(predictions=predictions, label_ids=labels))["rouge1"] == pytest.approx(100)
 
 
@@ -452,7 +473,7 @@ def test_run_summary_reports_losses_scores_and_traffic(tmp_path: Path) -> None:
             {"loss": 0.7, "flexdemo/bytes_sent": 3 * 2**20, "flexdemo/compression_ratio": 896.0, "step": 20},
         ],
     )
-    text = seq2seq.run_summary(
+    text = recipe.run_summary(
         "translation", "number words", splits, "tiny", training_args, flexdemo,
         {"train_loss": 1.9, "train_runtime": 12.0}, {"eval_loss": 0.5, "eval_bleu": 41.5, "eval_chrf": 60.25},
         state, 210,

@@ -1,7 +1,7 @@
 """Corpus BLEU through sacreBLEU, as an ``evaluate`` metric that loads with no network.
 
-Same inputs, arguments and output keys as the Hub's ``evaluate.load("sacrebleu")``; the recipes
-load this file by path when the Hub cannot be reached.
+Same inputs, arguments and output keys as the Hub's ``evaluate.load("sacrebleu")``;
+``hf_flexdemo.seq2seq_metrics`` loads this file by path when the Hub cannot be reached.
 """
 
 import datasets

@@ -1,8 +1,8 @@
 """ROUGE through Google's ``rouge_score``, as an ``evaluate`` metric that loads with no network.
 
 Same inputs, arguments and output keys as the Hub's ``evaluate.load("rouge")``, except that the
-aggregate is the plain mean F-measure (deterministic) rather than a bootstrap median; the recipes
-load this file by path when the Hub cannot be reached.
+aggregate is the plain mean F-measure (deterministic) rather than a bootstrap median;
+``hf_flexdemo.seq2seq_metrics`` loads this file by path when the Hub cannot be reached.
 """
 
 import datasets
