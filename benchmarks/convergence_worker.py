@@ -17,6 +17,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+import harness
 import torch
 import torch.distributed as dist
 from seq2seq import (
@@ -29,14 +30,12 @@ from seq2seq import (
     tokenize_splits,
 )
 from transformers import (
-    HfArgumentParser,
     Seq2SeqTrainingArguments,
     T5ForConditionalGeneration,
     TrainerCallback,
     set_seed,
 )
 
-from hf_flexdemo import FlexDeMoConfig
 from hf_flexdemo.config import METHODS
 from hf_flexdemo.replicate import dense_allreduce_bytes
 from hf_flexdemo.tiny_t5 import tiny_t5_config
@@ -79,9 +78,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--out", type=Path, required=True)
     args, flexdemo = parser.parse_known_args()
-    # Every other flag is a FlexDeMoConfig field (--compression_rate 0.125 ...), parsed as the recipes parse it.
-    (args.flexdemo,) = HfArgumentParser(FlexDeMoConfig).parse_args_into_dataclasses(
-        args=[*flexdemo, "--method", args.method, "--shard_size", str(args.shard_size)])
+    # Every other flag is a FlexDeMoConfig field (--compression_rate=0.125 ...), parsed as the recipes parse it.
+    args.flexdemo, _ = harness.parse_flexdemo(flexdemo, method=args.method, shard_size=args.shard_size)
     return args
 
 
