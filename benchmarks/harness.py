@@ -214,7 +214,7 @@ def refuse_dirty(out: Path, git: dict[str, Any], allow_dirty: bool) -> None:
     """Exit with a message when ``out`` is under ``benchmarks/results/``, the tree is dirty and not allowed."""
     if not git["git_dirty"] or allow_dirty or not out.resolve().is_relative_to(RESULTS):
         return
-    listed = "; ".join(git["git_status"][:5]) + (" ..." if len(git["git_status"]) > 5 else "")
+    listed = "; ".join(line.strip() for line in git["git_status"][:5]) + (" ..." if len(git["git_status"]) > 5 else "")
     sys.exit(f"[harness] refusing to write {out}: the working tree has uncommitted changes ({listed}). Results in "
              "benchmarks/results/ must name the commit that produced them: commit first, write elsewhere with "
              "--out, or pass --allow_dirty (the JSON then records git_dirty and git_diff_sha256).")
