@@ -207,7 +207,8 @@ def timed_steps(setup: Setup, batches: list[dict[str, torch.Tensor]], steps: int
         if optimizer is not None:
             record["exchange_wait_seconds"].append(optimizer.pop_exchange_seconds())
             record["collectives"].append(optimizer.comm_stats["collectives"])
-            compresses = optimizer.param_groups[0]["replicator"] in ("demo", "random")  # "full", "none": no rate
+            # CONTRACT: optimizer.options["replicator"]; "full", "none": no rate
+            compresses = optimizer.param_groups[0]["replicator"] in ("demo", "random")
             record["rate"].append(optimizer.rate if compresses else None)
     return record
 
