@@ -15,6 +15,11 @@ byte counters give the bytes that really crossed between the nodes; each method'
 
     python benchmarks/bandwidth.py --quick      # t5-tiny, well under 15 minutes on 2 cores
     python benchmarks/bandwidth.py              # T5-small shape, roughly 1-1.5 h on 2 cores
+    python benchmarks/bandwidth.py --quick --flexdemo compression_rate=0.125 compression_chunk=8
+
+FlexDeMo's knobs: ``--flexdemo FIELD=VALUE ...`` (``FlexDeMoConfig`` fields, as ``convergence.py`` takes them) set
+every FlexDeMo method (``demo``, ``flexdemo`` and its variants) on top of the package defaults; each variant's own
+setting (``overlap``, ``replicator``, ``budget_fraction``, ...) is applied after them.
 
 Writes ``benchmarks/results/bandwidth[_quick].json`` and a ``.png`` plot next to it.
 """
@@ -22,21 +27,14 @@ Writes ``benchmarks/results/bandwidth[_quick].json`` and a ``.png`` plot next to
 from __future__ import annotations
 
 import argparse
-import contextlib
-import datetime
 import json
 import os
-import shlex
-import signal
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
+import harness
 from bandwidth_worker import DEFAULT_METHODS, METHODS, MODEL_SHAPES, NODES, RANKS_PER_NODE, model_config
-from emulated_link import EmulatedLink
-from machine import describe_machine
+from emulated_link import EmulatedLink, link_label, link_rate
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -61,46 +59,32 @@ OVERHEAD_LINK, OVERHEAD_GOAL = 10.0, 1.15
 SPEEDUP_LINK, SPEEDUP_GOAL = 100.0, 5.0
 
 
-def link_rate(text: str) -> float | None:
-    """A link setting from the command line: a rate in Mbit/s, or ``unlimited``."""
-    if text == "unlimited":
-        return None
-    try:
-        rate = float(text)
-    except ValueError:
-        rate = -1.0
-    if rate <= 0:
-        raise argparse.ArgumentTypeError(f"--links takes rates > 0 in Mbit/s or 'unlimited', got {text!r}")
-    return rate
-
-
-def link_label(rate: float | None) -> str:
-    return "unlimited" if rate is None else f"{rate:g} Mbit/s"
-
-
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="small model and budget (minutes on 2 cores)")
     parser.add_argument("--links", nargs="+", type=link_rate, help="Mbit/s values or 'unlimited'")
-    parser.add_argument("--latency-ms", type=float, default=0.0, help="one-way netem delay on each end")
+    parser.add_argument("--latency_ms", type=float, default=0.0, help="one-way netem delay on each end")
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(DEFAULT_METHODS),
                         help="default: all but flexdemo_budget_backward/_delayed")
     parser.add_argument("--model", choices=sorted(MODEL_SHAPES))
-    parser.add_argument("--batch-size", type=int, help="sequences per rank per step")
-    parser.add_argument("--src-len", type=int)
-    parser.add_argument("--tgt-len", type=int)
-    parser.add_argument("--warmup-steps", type=int)
-    parser.add_argument("--steps", type=int, help="timed steps per method (fewer if over --method-budget-s)")
-    parser.add_argument("--method-budget-s", type=float, help="timed seconds per method and link, planned "
+    parser.add_argument("--batch_size", type=int, help="sequences per rank per step")
+    parser.add_argument("--src_len", type=int)
+    parser.add_argument("--tgt_len", type=int)
+    parser.add_argument("--warmup_steps", type=int)
+    parser.add_argument("--steps", type=int, help="timed steps per method (fewer if over --method_budget_s)")
+    parser.add_argument("--method_budget_s", type=float, help="timed seconds per method and link, planned "
                         "from the last warm-up step; the steps actually timed are recorded")
-    parser.add_argument("--launch-timeout-s", type=float, help="kill a link's run after this many seconds")
-    parser.add_argument("--bucket-cap-mb", type=float, help="flexdemo_backward's exchange bucket size "
+    parser.add_argument("--launch_timeout_s", type=float, help="kill a link's run after this many seconds")
+    parser.add_argument("--bucket_cap_mb", type=float, help="flexdemo_backward's exchange bucket size "
                         "(quick: 0.25; full: the package's 25)")
-    parser.add_argument("--budget-fraction", type=float, default=0.1,
+    parser.add_argument("--budget_fraction", type=float, default=0.1,
                         help="flexdemo_budget: the fraction of the step it may wait on the exchange")
+    harness.add_flexdemo_flag(parser, "FlexDeMoConfig fields for every FlexDeMo method (default: the package "
+                              "defaults), e.g. --flexdemo compression_rate=0.125 compression_chunk=8")
     parser.add_argument("--out", type=Path, help="default: benchmarks/results/bandwidth[_quick].json")
+    harness.add_provenance_flags(parser)
     args = parser.parse_args()
     for key, value in PRESETS["quick" if args.quick else "full"].items():
         if getattr(args, key) is None:
@@ -108,47 +92,22 @@ def parse_args() -> argparse.Namespace:
     if args.out is None:
         args.out = HERE / "results" / ("bandwidth_quick.json" if args.quick else "bandwidth.json")
     if args.latency_ms < 0:
-        parser.error(f"--latency-ms must be >= 0, got {args.latency_ms}")
+        parser.error(f"--latency_ms must be >= 0, got {args.latency_ms}")
     return args
 
 
 def worker_command(args: argparse.Namespace, link: EmulatedLink, node: int, out: Path) -> list[str]:
-    torchrun = [
-        sys.executable, "-m", "torch.distributed.run", "--nnodes", str(NODES), "--node_rank", str(node),
-        "--nproc_per_node", str(RANKS_PER_NODE), "--rdzv_backend", "static",
-        "--master_addr", link.addresses[0], "--master_port", str(MASTER_PORT),
-    ]
+    """Node ``node``'s launcher of ``bandwidth_worker.py``, inside its namespace."""
     worker = [
-        str(HERE / "bandwidth_worker.py"), "--methods", *args.methods, "--model", args.model,
-        "--batch-size", str(args.batch_size), "--src-len", str(args.src_len), "--tgt-len", str(args.tgt_len),
-        "--warmup-steps", str(args.warmup_steps), "--steps", str(args.steps),
-        "--method-budget-s", str(args.method_budget_s), "--iface", link.interfaces[node], "--out", str(out),
-        "--budget-fraction", str(args.budget_fraction),
-        *(["--bucket-cap-mb", str(args.bucket_cap_mb)] if args.bucket_cap_mb is not None else []),
+        HERE / "bandwidth_worker.py", "--methods", *args.methods, "--model", args.model,
+        "--batch_size", args.batch_size, "--src_len", args.src_len, "--tgt_len", args.tgt_len,
+        "--warmup_steps", args.warmup_steps, "--steps", args.steps, "--method_budget_s", args.method_budget_s,
+        "--iface", link.interfaces[node], "--out", out, "--budget_fraction", args.budget_fraction,
+        *(["--bucket_cap_mb", args.bucket_cap_mb] if args.bucket_cap_mb is not None else []),
+        *harness.flexdemo_flags(args.flexdemo),
     ]
-    return link.command(node, [*torchrun, *worker])
-
-
-def stop(processes: list[subprocess.Popen]) -> None:
-    """SIGTERM each launcher's process group, then SIGKILL what is left after a grace period."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        alive = [p for p in processes if p.poll() is None]
-        for process in alive:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, sig)
-        deadline = time.monotonic() + 10
-        while any(p.poll() is None for p in alive) and time.monotonic() < deadline:
-            time.sleep(0.2)
-
-
-def launch(args: argparse.Namespace, link: EmulatedLink, node: int, out: Path, log: Path) -> subprocess.Popen:
-    """Start node ``node``'s launcher in its namespace, gloo bound to its veth, output to ``log``."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": link.interfaces[node]}
-    with open(log, "w") as handle:
-        return subprocess.Popen(
-            worker_command(args, link, node, out), env=env, stdout=handle, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    return link.command(node, harness.torchrun(worker, RANKS_PER_NODE, nnodes=NODES, node_rank=node,
+                                               master_addr=link.addresses[0], master_port=MASTER_PORT))
 
 
 def run_link(args: argparse.Namespace, rate: float | None, scratch: Path) -> dict[str, object]:
@@ -158,26 +117,10 @@ def run_link(args: argparse.Namespace, rate: float | None, scratch: Path) -> dic
     logs = [scratch / f"{tag}-node{node}.log" for node in range(NODES)]
     with EmulatedLink(rate, args.latency_ms) as link:
         before = link.counters(0)
-        start = time.monotonic()
-        processes: list[subprocess.Popen] = []
-        try:
-            processes += [launch(args, link, node, out, log) for node, log in enumerate(logs)]
-            deadline = start + args.launch_timeout_s
-            while any(p.poll() is None for p in processes) and time.monotonic() < deadline:
-                time.sleep(1)
-        finally:
-            timed_out = any(p.poll() is None for p in processes)
-            stop(processes)
-        failed = any(p.returncode != 0 for p in processes)
-        record = {
-            "link": link.describe(),
-            "status": "timeout" if timed_out else "failed" if failed else "ok",
-            "returncodes": [p.returncode for p in processes],
-            "launch_seconds": time.monotonic() - start,
-            "link_bytes_whole_launch": link.counters(0).total - before.total,
-        }
-    if record["status"] != "ok":
-        record["log_tails"] = [log.read_text()[-3000:] for log in logs]
+        commands = [worker_command(args, link, node, out) for node in range(NODES)]
+        envs = [harness.worker_env(gloo_interface=link.interfaces[node]) for node in range(NODES)]
+        record = {"link": link.describe(), **harness.run_job(commands, logs, args.launch_timeout_s, envs),
+                  "link_bytes_whole_launch": link.counters(0).total - before.total}
     record.update(json.loads(out.read_text()) if out.exists() else {"probe": None, "methods": {}})
     return record
 
@@ -281,14 +224,14 @@ def targets(table: list[dict[str, object]]) -> dict[str, object]:
 
 def plot(table: list[dict[str, object]], path: Path) -> None:
     """Median step time against link rate per method (log-log); 'unlimited' sits at 10x the top rate."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     finite = sorted({r["link_mbit"] for r in table if r["link_mbit"] is not None}) or [1000.0]
     unlimited_x = finite[-1] * 10
-    figure, axes = plt.subplots(figsize=(8, 5))
+    with harness.figure(path, figsize=(8, 5)) as [axes]:
+        draw(axes, table, finite, unlimited_x)
+
+
+def draw(axes, table: list[dict[str, object]], finite: list[float], unlimited_x: float) -> None:
+    """:func:`plot`'s lines, ticks and labels."""
     markers = "os^vD<>Ph*X"
     for index, method in enumerate(dict.fromkeys(r["method"] for r in table)):
         points = sorted(
@@ -308,17 +251,13 @@ def plot(table: list[dict[str, object]], path: Path) -> None:
     axes.set_title("Step time vs inter-node bandwidth (2 nodes x 2 CPU ranks)")
     axes.grid(True, which="both", alpha=0.3)
     axes.legend(fontsize="small", ncols=2)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
 
 
 def print_table(table: list[dict[str, object]]) -> None:
     """The rows as a Markdown table on stdout."""
     columns = ["link", "method", "median step s", "tokens/s", "link B/step", "reported B/step",
                "link/reported", "step/compute-only", "wait/step", "rate (final, mean)", "steps"]
-    print("| " + " | ".join(columns) + " |")
-    print("|" + "---|" * len(columns))
+    rows = []
     for r in table:
         cells = [link_label(r["link_mbit"]), r["method"]]
         if "error" in r:
@@ -332,7 +271,8 @@ def print_table(table: list[dict[str, object]]) -> None:
                 "-" if ratio is None else f"{ratio:.2f}", "-" if overhead is None else f"{overhead:.2f}",
                 "-" if wait is None else f"{wait:.2f}", rate, f"{r['steps_timed']}/{r['steps_requested']}",
             ]
-        print("| " + " | ".join(cells) + " |")
+        rows.append(cells)
+    print(harness.markdown_table(columns, rows))
 
 
 def print_targets(goals: dict[str, object]) -> None:
@@ -362,10 +302,7 @@ def print_probe(probe: dict[str, float]) -> None:
 
 def main() -> None:
     args = parse_args()
-    started = datetime.datetime.now(datetime.timezone.utc)
-    clock = time.monotonic()
-    load_at_start = os.getloadavg()  # other jobs on the machine slow the ranks down
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+    bench = harness.Run.start(args.out, args.allow_dirty)  # machine.loadavg_at_start: other jobs slow the ranks
     runs = []
     with tempfile.TemporaryDirectory(prefix="fdm-bandwidth-") as scratch:
         for rate in args.links:
@@ -377,23 +314,17 @@ def main() -> None:
             if run["probe"]:
                 print_probe(run["probe"])
     table = rows(args, runs)
-    settings = {k: v for k, v in vars(args).items() if k not in ("out", "quick")}
-    report = {
-        "command": shlex.join(sys.orig_argv),
+    settings = {k: v for k, v in vars(args).items() if k not in ("out", "quick", "allow_dirty")}
+    report = bench.write(args.out, {
         "preset": "quick" if args.quick else "full",
-        "started_at": started.isoformat(timespec="seconds"),
-        "duration_seconds": time.monotonic() - clock,
-        "loadavg_at_start": load_at_start,
         "loadavg_at_end": os.getloadavg(),
-        "machine": describe_machine(),
         "settings": settings,
         "model_shape": model_config(args.model).to_diff_dict(),
         "tokens_per_step": tokens_per_step(args),
         "rows": table,
         "targets": targets(table),
         "runs": runs,
-    }
-    args.out.write_text(json.dumps(report, indent=2))
+    })
     plot(table, args.out.with_suffix(".png"))
     print_table(table)
     print_targets(report["targets"])

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+import harness
 import torch
 import torch.distributed as dist
 from emulated_link import read_counters
@@ -58,10 +59,8 @@ class Setup:
 
 
 def flexdemo_options(method: str, args: argparse.Namespace) -> dict[str, object]:
-    """The FlexDeMo keywords of ``method`` on top of the package defaults (and ``--compression-*``)."""
-    compression = {key: value for key, value in (
-        ("compression_rate", args.compression_rate), ("compression_topk", args.compression_topk),
-        ("compression_chunk", args.compression_chunk)) if value is not None}
+    """The FlexDeMo keywords of ``method``: the package defaults, the driver's ``--flexdemo FIELD=VALUE`` fields
+    (``args.flexdemo``), then the variant's own."""
     variant: dict[str, object] = {
         "flexdemo_backward": {"overlap": "backward"}
         | ({} if args.bucket_cap_mb is None else {"bucket_cap_mb": args.bucket_cap_mb}),
@@ -74,7 +73,7 @@ def flexdemo_options(method: str, args: argparse.Namespace) -> dict[str, object]
         "flexdemo_full": {"replicator": "full"},
         "compute_only": {"replicator": "none"},
     }.get(method, {})
-    return compression | variant
+    return args.flexdemo | variant
 
 
 def build_model(shape: str, seed: int) -> nn.Module:
@@ -265,27 +264,29 @@ def write_json(path: str, payload: dict[str, object]) -> None:
     os.replace(partial, path)
 
 
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__)
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, epilog="Every other flag is a FlexDeMoConfig field "
+                                     "(--compression_rate=0.125 ...) for every FlexDeMo method.")
     parser.add_argument("--methods", nargs="+", choices=METHODS, required=True)
     parser.add_argument("--model", choices=sorted(MODEL_SHAPES), required=True)
-    for option in ("--batch-size", "--src-len", "--tgt-len", "--warmup-steps", "--steps"):
+    for option in ("--batch_size", "--src_len", "--tgt_len", "--warmup_steps", "--steps"):
         parser.add_argument(option, type=int, required=True)
-    parser.add_argument("--method-budget-s", type=float, required=True)
+    parser.add_argument("--method_budget_s", type=float, required=True)
     parser.add_argument("--lr", type=float, default=1e-4)
-    parser.add_argument("--compression-rate", type=float, default=None, help="default: the package's")
-    parser.add_argument("--compression-topk", type=int, default=None)
-    parser.add_argument("--compression-chunk", type=int, default=None, help="default: the package's")
-    parser.add_argument("--bucket-cap-mb", type=float, default=None,
+    parser.add_argument("--bucket_cap_mb", type=float, default=None,
                         help="flexdemo_backward's exchange bucket size (default: the package's)")
-    parser.add_argument("--budget-fraction", type=float, default=0.1,
+    parser.add_argument("--budget_fraction", type=float, default=0.1,
                         help="flexdemo_budget: the largest fraction of the step spent waiting on the exchange")
-    parser.add_argument("--probe-mb", type=float, default=10.0)
+    parser.add_argument("--probe_mb", type=float, default=10.0)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--collective-timeout-s", type=float, default=1800.0)
+    parser.add_argument("--collective_timeout_s", type=float, default=1800.0)
     parser.add_argument("--iface", required=True, help="this node's end of the veth pair")
     parser.add_argument("--out", required=True, help="JSON file written by global rank 0")
-    return parser.parse_args()
+    args, flexdemo = parser.parse_known_args(argv)
+    _, args.flexdemo = harness.parse_flexdemo(flexdemo)
+    if {"method", "shard_size"} & args.flexdemo.keys():
+        parser.error("--flexdemo takes FlexDeMo's optimizer fields; method and shard_size are the benchmark's")
+    return args
 
 
 def main() -> None:

@@ -29,22 +29,14 @@ from the ``flexdemo/*`` logs, FlexDeMo's final validation-loss gap vs AdamW in %
 from __future__ import annotations
 
 import argparse
-import contextlib
-import datetime
 import json
 import math
-import os
-import shlex
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-from machine import describe_machine
+import harness
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -116,15 +108,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup_steps", type=int)
     parser.add_argument("--bleu_samples", type=int, help="validation pairs translated for BLEU (0: none)")
     parser.add_argument("--timeout_s", type=float, help="per method (and learning rate)")
-    parser.add_argument("--flexdemo", nargs="+", default=[], metavar="FIELD=VALUE",
-                        help="FlexDeMoConfig fields for flexdemo and demo (default: the package defaults), "
-                             "e.g. --flexdemo compression_rate=0.0625 compression_chunk=8")
+    harness.add_flexdemo_flag(parser, "FlexDeMoConfig fields for flexdemo and demo (default: the package "
+                              "defaults), e.g. --flexdemo compression_rate=0.0625 compression_chunk=8")
     parser.add_argument("--adam_beta1", type=float, default=0.9, help="TrainingArguments.adam_beta1")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--data_seed", type=int, default=42)
     parser.add_argument("--out", type=Path, help="default: benchmarks/results/convergence[_quick|_long].json")
     parser.add_argument("--sweep_file", type=Path, help="written by --lr_sweep, read otherwise; default: "
                         "benchmarks/results/convergence[_quick]_lr_sweep.json")
+    harness.add_provenance_flags(parser)
     args = parser.parse_args(argv)
     args.preset = "quick" if args.quick else "long" if args.long else "full"
     for key, value in PRESETS[args.preset].items():
@@ -147,14 +139,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def worker_command(args: argparse.Namespace, method: str, lr: float, bleu_samples: int, out: Path,
-                   output_dir: Path) -> list[str]:
+def worker_args(args: argparse.Namespace, method: str, lr: float, bleu_samples: int, out: Path,
+                output_dir: Path) -> list[str]:
+    """``convergence_worker.py`` and its flags for one run of ``method`` at ``lr`` (no launcher: the caller's)."""
     options = {
         name: getattr(args, name) for name in (
             "train_file", "validation_file", "source_lang", "target_lang", "max_source_length", "max_target_length",
@@ -164,40 +151,25 @@ def worker_command(args: argparse.Namespace, method: str, lr: float, bleu_sample
     }
     options |= {"method": method, "lr": lr, "bleu_samples": bleu_samples, "shard_size": SHARD_SIZE,
                 "output_dir": output_dir, "out": out}
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(NPROC),
-                "--master_addr", "127.0.0.1", "--master_port", str(free_port())]
-    flexdemo = [f"--{field}" for field in args.flexdemo]
-    return [*launcher, str(HERE / "convergence_worker.py"), *(f"--{k}={v}" for k, v in options.items()), *flexdemo]
+    return [str(HERE / "convergence_worker.py"), *(f"--{k}={v}" for k, v in options.items()),
+            *harness.flexdemo_flags(args.flexdemo)]
 
 
 def run_method(args: argparse.Namespace, method: str, lr: float, bleu_samples: int, scratch: Path) -> dict[str, Any]:
     """One torchrun job; the worker's result, or the status and the log's tail when it failed."""
     tag = f"{method}-lr{lr:g}"
     out, log = scratch / f"{tag}.json", scratch / f"{tag}.log"
-    env = {
-        **os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_CACHE": str(scratch / "datasets"),  # shared: tokenized once, reused by the next methods
-        "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "recipes"), os.environ.get("PYTHONPATH", "")]),
-    }
-    command = worker_command(args, method, lr, bleu_samples, out, scratch / tag)
+    # the datasets cache is shared: tokenized once, reused by the next methods
+    env = harness.worker_env(datasets_cache=scratch / "datasets")
+    command = harness.torchrun(worker_args(args, method, lr, bleu_samples, out, scratch / tag), NPROC)
     print(f"[convergence] {method} lr {lr:g} ...", flush=True)
-    start = time.monotonic()
-    with open(log, "w") as handle:
-        process = subprocess.Popen(command, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            process.wait(timeout=args.timeout_s)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-    seconds = time.monotonic() - start
-    if process.returncode == 0 and out.exists():
+    job = harness.run_job([command], [log], args.timeout_s, env, expect=out)
+    if job["status"] == harness.OK:
         result = {"status": "ok", **json.loads(out.read_text())}
     else:
-        status = "timeout" if seconds >= args.timeout_s else f"failed (exit {process.returncode})"
-        result = {"status": status, "method": method, "lr": lr, "log_tail": log.read_text()[-8000:]}
-    result["launch_seconds"] = seconds
-    print(f"[convergence] {method} lr {lr:g}: {result['status']} in {seconds:.0f} s", flush=True)
+        result = {**job, "method": method, "lr": lr}
+    result["launch_seconds"] = job["launch_seconds"]
+    print(f"[convergence] {method} lr {lr:g}: {result['status']} in {job['launch_seconds']:.0f} s", flush=True)
     return result
 
 
@@ -276,17 +248,14 @@ def learning_rates(args: argparse.Namespace) -> tuple[dict[str, float], dict[str
 
 
 def settings(args: argparse.Namespace) -> dict[str, Any]:
-    skipped = ("quick", "long", "lr_sweep", "lrs", "out", "sweep_file", "timeout_s")
+    skipped = ("quick", "long", "lr_sweep", "lrs", "out", "sweep_file", "timeout_s", "allow_dirty")
     return {k: v for k, v in vars(args).items() if k not in skipped} | {"nproc": NPROC, "shard_size": SHARD_SIZE}
 
 
-def header(args: argparse.Namespace, started_at: str, clock: float, load: tuple[float, ...]) -> dict[str, Any]:
+def header(args: argparse.Namespace) -> dict[str, Any]:
+    """This benchmark's keys after the harness header: preset, topology, settings."""
     return {
-        "command": shlex.join(sys.orig_argv),
         "preset": args.preset,
-        "started_at": started_at,
-        "duration_seconds": time.monotonic() - clock,
-        "machine": {**describe_machine(), "loadavg_at_start": load},
         "topology": f"{NPROC // SHARD_SIZE} nodes x {SHARD_SIZE} processes (one torchrun, shard_size={SHARD_SIZE})",
         "settings": settings(args),
     }
@@ -335,57 +304,46 @@ def compare(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
 
 def plot(methods: dict[str, dict[str, Any]], title: str, path: Path, gaps: dict[str, float] | None = None) -> None:
     """Validation loss against step, one line per method (or method and learning rate)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(figsize=(7, 4.5))
-    for label, run in methods.items():
-        if run["status"] != "ok":
-            continue
-        bleu = "" if run.get("bleu") is None else f", BLEU {run['bleu']:.1f}"
-        gap = f", {gaps[label]:+.1f}% vs adamw" if gaps and label in gaps else ""
-        steps, losses = zip(*((p["step"], p["eval_loss"]) for p in run["curve"]), strict=True)
-        axes.plot(steps, losses, marker="o", markersize=3, label=f"{label} (lr {run['lr']:g}{bleu}{gap})")
-    axes.set_xlabel("optimizer step")
-    axes.set_ylabel("validation loss")
-    axes.set_title(title, fontsize=10)
-    axes.grid(True, alpha=0.3)
-    axes.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    with harness.figure(path) as [axes]:
+        for label, run in methods.items():
+            if run["status"] != "ok":
+                continue
+            bleu = "" if run.get("bleu") is None else f", BLEU {run['bleu']:.1f}"
+            gap = f", {gaps[label]:+.1f}% vs adamw" if gaps and label in gaps else ""
+            steps, losses = zip(*((p["step"], p["eval_loss"]) for p in run["curve"]), strict=True)
+            axes.plot(steps, losses, marker="o", markersize=3, label=f"{label} (lr {run['lr']:g}{bleu}{gap})")
+        axes.set_xlabel("optimizer step")
+        axes.set_ylabel("validation loss")
+        axes.set_title(title, fontsize=10)
+        axes.grid(True, alpha=0.3)
+        axes.legend()
 
 
 def print_table(report: dict[str, Any]) -> None:
     """The comparison as a Markdown table on stdout."""
     columns = ["method", "lr", "final val loss", "best val loss", "gap vs adamw", "BLEU", "chrF",
                "train s (no eval)", "bytes sent/step", "bytes sent total"]
-    print("| " + " | ".join(columns) + " |\n|" + "---|" * len(columns))
+    rows = []
     for method, r in report["methods"].items():
         if r["status"] != "ok":
-            print(f"| {method} | {r['lr']:g} | {r['status']} |")
+            rows.append([method, f"{r['lr']:g}", r["status"]])
             continue
         gap = report["final_eval_loss_gap_vs_adamw_pct"].get(method)
         traffic = r["bytes_sent"]
         estimate = " (est.)" if traffic["source"].startswith("estimate") else ""
-        cells = [method, f"{r['lr']:g}", f"{r['final_eval_loss']:.4f}", f"{r['best_eval_loss']:.4f}",
-                 "-" if gap is None else f"{gap:+.2f}%", "-" if r["bleu"] is None else f"{r['bleu']:.2f}",
-                 "-" if r["chrf"] is None else f"{r['chrf']:.2f}", f"{r['train_wall_seconds']:.0f}",
-                 f"{traffic['per_step']:.4g}{estimate}", f"{traffic['total']:.4g}{estimate}"]
-        print("| " + " | ".join(cells) + " |")
+        rows.append([method, f"{r['lr']:g}", f"{r['final_eval_loss']:.4f}", f"{r['best_eval_loss']:.4f}",
+                     "-" if gap is None else f"{gap:+.2f}%", "-" if r["bleu"] is None else f"{r['bleu']:.2f}",
+                     "-" if r["chrf"] is None else f"{r['chrf']:.2f}", f"{r['train_wall_seconds']:.0f}",
+                     f"{traffic['per_step']:.4g}{estimate}", f"{traffic['total']:.4g}{estimate}"])
+    print(harness.markdown_table(columns, rows))
 
 
 def main() -> None:
     args = parse_args()
-    started_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    clock, load = time.monotonic(), os.getloadavg()  # other jobs on the machine slow the ranks down
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+    run = harness.Run.start(args.out, args.allow_dirty)
     with tempfile.TemporaryDirectory(prefix="fdm-convergence-") as scratch:
         body = sweep(args, Path(scratch)) if args.lr_sweep else compare(args, Path(scratch))
-    report = header(args, started_at, clock, load) | body
-    args.out.write_text(json.dumps(report, indent=1))
+    report = run.write(args.out, header(args) | body)
     topology = f"{NPROC // SHARD_SIZE} nodes x {SHARD_SIZE} CPU ranks"
     if args.lr_sweep:
         curves = {f"{m} lr {lr}": r for m, by_lr in body["runs"].items() for lr, r in by_lr.items()}
@@ -401,7 +359,7 @@ def main() -> None:
           f"in {report['duration_seconds']:.0f} s", flush=True)
     runs = body["runs"].values() if args.lr_sweep else [body["methods"]]
     if any(r["status"] != "ok" for by_key in runs for r in by_key.values()):
-        sys.exit("[convergence] some runs failed: see their status and log_tail in the JSON")
+        sys.exit("[convergence] some runs failed: see their status and log_tails in the JSON")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """One convergence run (one method, one learning rate) on every rank of a ``torchrun`` job; see ``convergence.py``.
 
-Data, tokenizer and metrics come from the T5 recipe (``recipes/seq2seq.py``, on ``PYTHONPATH``), so the
-benchmark trains exactly what a user of the recipe trains. Evaluation loss is logged every ``--eval_steps``
+Data, tokenizer, model and metrics come from the package modules the T5 recipe uses (``hf_flexdemo.seq2seq_data``,
+``seq2seq_model``, ``seq2seq_metrics``), so the benchmark trains exactly what a user of the recipe trains. Evaluation loss is logged every ``--eval_steps``
 (and at step 0); BLEU and chrF are computed once at the end by greedy generation on the first
 ``--bleu_samples`` validation pairs. Rank 0 writes the log history and the final scores to ``--out``.
 ``--stop_at_eval_loss`` and ``--max_train_seconds`` end training early on every rank at the same step
@@ -17,17 +17,16 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+import harness
 import torch
 import torch.distributed as dist
 from transformers import (
-    HfArgumentParser,
     Seq2SeqTrainingArguments,
     T5ForConditionalGeneration,
     TrainerCallback,
     set_seed,
 )
 
-from hf_flexdemo import FlexDeMoConfig
 from hf_flexdemo.config import METHODS
 from hf_flexdemo.replicate import dense_allreduce_bytes
 from hf_flexdemo.seq2seq_data import DataTrainingArguments, load_raw_datasets, tokenize_splits
@@ -73,9 +72,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--out", type=Path, required=True)
     args, flexdemo = parser.parse_known_args()
-    # Every other flag is a FlexDeMoConfig field (--compression_rate 0.125 ...), parsed as the recipes parse it.
-    (args.flexdemo,) = HfArgumentParser(FlexDeMoConfig).parse_args_into_dataclasses(
-        args=[*flexdemo, "--method", args.method, "--shard_size", str(args.shard_size)])
+    # Every other flag is a FlexDeMoConfig field (--compression_rate=0.125 ...), parsed as the recipes parse it.
+    args.flexdemo, _ = harness.parse_flexdemo(flexdemo, method=args.method, shard_size=args.shard_size)
     return args
 
 

@@ -14,6 +14,7 @@ Needs root and iproute2 (``ip``, ``tc``; ``apt-get install iproute2``), and a ke
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -46,6 +47,23 @@ class LinkCounters:
     def total(self) -> int:
         """Bytes that crossed the link in either direction."""
         return self.tx_bytes + self.rx_bytes
+
+
+def link_rate(text: str) -> float | None:
+    """A link setting from the command line (``--links``): a rate in Mbit/s, or ``unlimited`` (None)."""
+    if text == "unlimited":
+        return None
+    try:
+        rate = float(text)
+    except ValueError:
+        rate = -1.0
+    if rate <= 0:
+        raise argparse.ArgumentTypeError(f"--links takes rates > 0 in Mbit/s or 'unlimited', got {text!r}")
+    return rate
+
+
+def link_label(rate: float | None) -> str:
+    return "unlimited" if rate is None else f"{rate:g} Mbit/s"
 
 
 def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:

@@ -12,7 +12,9 @@ barrier before each step. A step's time is the slowest rank's. Methods, in this 
   time of each ``FlexDeMo::`` phase and of the costliest operators go in the JSON (``profile_flexdemo_rank0``);
 * ``reference``: PyPI ``detonation`` 0.5.2, ``DeToSGD`` + ``DeMoReplicator`` at the same density (top-k
   ``DEFAULT_RATE * DEFAULT_CHUNK**2`` of each block) in DDP mode
-  (a size-1 sharding group per rank, replication group = world);
+  (a size-1 sharding group per rank, replication group = world), imported as its authors ship it: it needs their
+  ``mltiming`` too (both in the ``bench`` extra); when it cannot be imported the method is skipped and the JSON
+  says why (``reference_skipped``);
 * ``flexdemo_sharded``: ``FlexDeMo`` on FSDP2 shards (``build_hybrid_mesh(shard_size=2)``, one node: no exchange).
 
     python benchmarks/optimizer_step.py                              # T5-small shape (60.5 M), a few minutes
@@ -28,24 +30,21 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import inspect
 import json
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import harness
 import torch
 import torch.distributed as dist
-from machine import describe_machine
 from torch import Tensor
 from torch.distributed.tensor import DTensor
 from transformers import T5ForConditionalGeneration
@@ -66,25 +65,13 @@ METHODS = ("adamw", "flexdemo", "reference", "flexdemo_sharded")
 TARGET_STEP_RATIO, TARGET_BYTES_PER_COEFFICIENT = 2.0, 4.0
 
 
-def import_reference() -> tuple[type, type, list[str]]:
-    """``DeToSGD``, ``DeMoReplicator`` and the patches needed to import them (none to their code)."""
-    patches = []
+def reference_unavailable() -> str | None:
+    """Why the authors' ``detonation`` cannot be imported here, or None."""
     try:
-        import mltiming  # noqa: F401
-    except ModuleNotFoundError:
-
-        def timing(*args: Any, **kwargs: Any) -> None:
-            raise RuntimeError("detonation called mltiming.timing, which the benchmark's stub cannot stand in for")
-
-        sys.modules["mltiming"] = types.ModuleType("mltiming")
-        sys.modules["mltiming"].timing = timing  # type: ignore[attr-defined]
-        patches.append(
-            "sys.modules['mltiming'] stub: detonation.repl.demo_replicator imports mltiming.timing (an optional extra"
-            " of detonation, not installed) and never calls it; the stub raises if it is called"
-        )
-    from detonation import DeMoReplicator, DeToSGD
-
-    return DeToSGD, DeMoReplicator, patches
+        import detonation  # noqa: F401
+    except ImportError as err:
+        return f"{err} (pip install -e .[bench]: detonation==0.5.2 and its authors' mltiming)"
+    return None
 
 
 @contextlib.contextmanager
@@ -126,15 +113,15 @@ def measure(method: str, args: argparse.Namespace) -> dict[str, Any]:
     params = [p for p in model.parameters() if p.requires_grad]
     generator = torch.Generator().manual_seed(1000 + dist.get_rank())
     grads = [random_grad(p, generator) for p in params]
-    patches: list[str] = []
     sent: dict[str, Any] = {"bytes_sent": 0, "collectives": 0, "coefficients": 0, "peers": 0, "dtypes": {}}
     if method == "adamw":
         optimizer: torch.optim.Optimizer = torch.optim.AdamW(params, lr=LR)
     elif method == "reference":
-        de_to_sgd, demo_replicator, patches = import_reference()
+        from detonation import DeMoReplicator, DeToSGD
+
         sharding_group, _ = dist.new_subgroups(group_size=1)
-        replicator = demo_replicator(compression_topk=TOPK, compression_chunk=CHUNK)
-        optimizer = de_to_sgd(params, lr=LR, replicator=replicator, sharding_parallel_group=sharding_group,
+        replicator = DeMoReplicator(compression_topk=TOPK, compression_chunk=CHUNK)
+        optimizer = DeToSGD(params, lr=LR, replicator=replicator, sharding_parallel_group=sharding_group,
                               replication_parallel_group=dist.group.WORLD)
     else:
         group = dist.group.WORLD if method == "flexdemo" else None
@@ -152,7 +139,9 @@ def measure(method: str, args: argparse.Namespace) -> dict[str, Any]:
         if step >= args.warmup:
             times.append(elapsed)
     profile = profiled_step(optimizer, params, grads) if method == "flexdemo" else None
+    value_dtype = None
     if method.startswith("flexdemo"):
+        value_dtype = optimizer.options["value_dtype"]
         stats = optimizer.comm_stats
         sent = {key: stats[key] for key in ("bytes_sent", "collectives", "coefficients")}
         sent["peers"] = NPROC - 1 if method == "flexdemo" else 0
@@ -160,7 +149,7 @@ def measure(method: str, args: argparse.Namespace) -> dict[str, Any]:
     elif method == "reference":
         sent["replicator_data_transmitted_per_peer"] = replicator.data_transmitted[0]
     numel = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in params)
-    return {"seconds": times, "traffic": sent, "local_numel": numel, "patches": patches, "profile": profile}
+    return {"seconds": times, "traffic": sent, "local_numel": numel, "profile": profile, "value_dtype": value_dtype}
 
 
 def profiled_step(optimizer: torch.optim.Optimizer, params: list[Tensor], grads: list[Tensor]) -> dict[str, Any]:
@@ -183,7 +172,7 @@ def worker(args: argparse.Namespace) -> None:
     """One rank: measure every method, rank 0 writes all ranks' results to ``args.worker``."""
     dist.init_process_group("gloo")
     results = {}
-    for method in METHODS:
+    for method in methods():
         mine = measure(method, args)
         gathered: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, mine)
@@ -191,6 +180,11 @@ def worker(args: argparse.Namespace) -> None:
     if dist.get_rank() == 0:
         Path(args.worker).write_text(json.dumps(results))
     dist.destroy_process_group()
+
+
+def methods() -> tuple[str, ...]:
+    """``METHODS``, less ``reference`` when detonation cannot be imported."""
+    return METHODS if reference_unavailable() is None else tuple(m for m in METHODS if m != "reference")
 
 
 def summarize(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
@@ -213,37 +207,32 @@ def summarize(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def table(methods: dict[str, dict[str, Any]]) -> str:
-    head = f"{'method':<17} {'median s':>9} {'IQR s':>8} {'/AdamW':>7} {'B sent/rank':>12} {'kept coef':>10} "
-    lines = [head + f"{'B/coef':>6} {'colls':>6}"]
-    for name, m in methods.items():
-        per_coefficient = "-" if m["bytes_per_coefficient"] is None else f"{m['bytes_per_coefficient']:.2f}"
-        lines.append(
-            f"{name:<17} {m['median_s']:>9.4f} {m['iqr_s']:>8.4f} {m['median_s'] / methods['adamw']['median_s']:>7.2f}"
-            f" {m['bytes_sent_per_rank'][0]:>12,} {m['coefficients']:>10,} {per_coefficient:>6}"
-            f" {m['traffic_rank0']['collectives']:>6}"
-        )
-    return "\n".join(lines)
+    columns = ["method", "median s", "IQR s", "/AdamW", "B sent/rank", "kept coef", "B/coef", "colls"]
+    rows = [[name, f"{m['median_s']:.4f}", f"{m['iqr_s']:.4f}", f"{m['median_s'] / methods['adamw']['median_s']:.2f}",
+             f"{m['bytes_sent_per_rank'][0]:,}", f"{m['coefficients']:,}",
+             "-" if m["bytes_per_coefficient"] is None else f"{m['bytes_per_coefficient']:.2f}",
+             m["traffic_rank0"]["collectives"]] for name, m in methods.items()]
+    return harness.markdown_table(columns, rows)
 
 
 def driver(args: argparse.Namespace) -> None:
     """Launch the ranks, then report and write the results."""
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    started, load_start = time.time(), os.getloadavg()
+    path = args.out or HERE / "results" / f"optimizer_step{'' if args.model == 't5-small' else '_' + args.model}.json"
+    bench = harness.Run.start(path, args.allow_dirty)
+    env = harness.worker_env()  # OMP_NUM_THREADS=1; MALLOC_* as the caller has them
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "ranks.json"
-        launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(NPROC),
-                  __file__, "--model", args.model, "--steps", str(args.steps), "--warmup", str(args.warmup),
-                  "--worker", str(out)]
-        subprocess.run(launch, env=env, check=True)
+        launch = harness.torchrun([__file__, "--model", args.model, "--steps", args.steps, "--warmup", args.warmup,
+                                   "--worker", out], NPROC)
+        job = harness.run_job([launch], [Path(tmp) / "ranks.log"], args.timeout_s, env, expect=out)
+        if job["status"] != harness.OK:
+            sys.exit(f"[optimizer_step] ranks {job['status']} (exit codes {job['returncodes']}):\n"
+                     f"{job['log_tails'][0]}")
         ranks = json.loads(out.read_text())
-    methods = {name: summarize(ranks[name]) for name in METHODS}
+    methods = {name: summarize(ranks[name]) for name in METHODS if name in ranks}
     step = {name: m["median_s"] for name, m in methods.items()}
-    ratios = {
-        "flexdemo/adamw": step["flexdemo"] / step["adamw"],
-        "reference/adamw": step["reference"] / step["adamw"],
-        "reference/flexdemo": step["reference"] / step["flexdemo"],
-        "flexdemo_sharded/adamw": step["flexdemo_sharded"] / step["adamw"],
-    }
+    pairs = (("flexdemo", "adamw"), ("reference", "adamw"), ("reference", "flexdemo"), ("flexdemo_sharded", "adamw"))
+    ratios = {f"{a}/{b}": step[a] / step[b] for a, b in pairs if a in step and b in step}
     per_coefficient = methods["flexdemo"]["bytes_per_coefficient"]
     targets = {
         "flexdemo_step_le_2x_adamw": {"value": ratios["flexdemo/adamw"], "target": TARGET_STEP_RATIO,
@@ -251,16 +240,11 @@ def driver(args: argparse.Namespace) -> None:
         "flexdemo_bytes_per_coefficient_le_4": {"value": per_coefficient, "target": TARGET_BYTES_PER_COEFFICIENT,
                                                 "met": per_coefficient <= TARGET_BYTES_PER_COEFFICIENT},
     }
-    report = {
-        "command": shlex.join([sys.executable, *sys.argv]),
+    report = bench.write(path, {
         "torchrun_command": shlex.join(launch[:-2]),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "duration_s": time.time() - started,
-        "machine": describe_machine(),
         "nproc_per_node": NPROC,
         "omp_num_threads_per_rank": 1,
         "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
-        "loadavg_start": load_start,
         "model": args.model,
         "model_config": named_t5_config(args.model, MODELS[args.model]).to_diff_dict(),
         "model_numel": methods["adamw"]["local_numel_per_rank"][0],
@@ -268,25 +252,24 @@ def driver(args: argparse.Namespace) -> None:
         "timed_steps": args.steps,
         "settings": {"lr": LR, "compression_rate": DEFAULT_RATE, "compression_chunk": CHUNK, "reference_topk": TOPK,
                      "flexdemo_update": inspect.signature(FlexDeMo).parameters["update"].default,
-                     "flexdemo_value_dtype": "bfloat16",
+                     "flexdemo_value_dtype": ranks["flexdemo"][0]["value_dtype"],  # as the optimizer resolved it
                      "adamw": "torch.optim.AdamW defaults (on CPU: the for-loop implementation)"},
         "timing": "optimizer.step() wall time after a barrier; per step the slowest rank; median and IQR over steps",
         "bytes_sent": "per rank and step, (R - 1) x the rank's all-gather input (ring), R = replicas; "
                       "flexdemo: comm_stats['bytes_sent']; reference: counted at dist.all_gather",
-        "reference_patches": ranks["reference"][0]["patches"],
+        "reference_skipped": reference_unavailable(),
         "profile_flexdemo_rank0": ranks["flexdemo"][0]["profile"],
         "methods": methods,
         "ratios": ratios,
         "targets": targets,
-    }
+    })
     print(table(methods))
     for name, ratio in ratios.items():
         print(f"{name}: {ratio:.2f}")
+    if report["reference_skipped"]:
+        print(f"reference: skipped, detonation is not importable: {report['reference_skipped']}")
     for name, target in targets.items():
         print(f"target {name}: {target['value']:.2f} vs {target['target']} -> {'met' if target['met'] else 'NOT met'}")
-    path = args.out or HERE / "results" / f"optimizer_step{'' if args.model == 't5-small' else '_' + args.model}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {path}")
 
 
@@ -306,6 +289,8 @@ def main() -> None:
     parser.add_argument("--steps", type=positive(2), default=10, help="timed steps per method (>= 2)")
     parser.add_argument("--warmup", type=positive(1), default=3, help="untimed steps before them")
     parser.add_argument("--out", type=Path, help="results JSON (default benchmarks/results/optimizer_step*.json)")
+    parser.add_argument("--timeout_s", type=float, default=3600.0, help="kill the ranks after this many seconds")
+    harness.add_provenance_flags(parser)
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # set by the driver for the torchrun ranks
     args = parser.parse_args()
     if args.worker:

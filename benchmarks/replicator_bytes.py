@@ -48,17 +48,12 @@ shapes, per-R bytes, ratios, crossovers and the Markdown table) and prints the t
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import shlex
-import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import harness
 import torch
-from machine import describe_machine
 
 from hf_flexdemo import compression, knobs
 from hf_flexdemo.compression import VALUE_DTYPES
@@ -127,13 +122,9 @@ def first_at_least(nodes: Sequence[int], left: dict[int, int], right: dict[int, 
 def markdown(rows: list[dict[str, Any]]) -> str:
     header = ["R (nodes)", "demo (all-gather)", "random (all-reduce values)", "full (fp32 momentum)",
               "AdamW-HSDP (dense fp32)", "dense / demo", "dense / random", "demo / random"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for row in rows:
-        b = row["bytes"]
-        lines.append(f"| {row['replicas']} | {b['demo']:,} | {b['random']:,} | {b['full']:,} | {b['adamw']:,} | "
-                     f"{row['dense_over_demo']:.2f} | {row['dense_over_random']:.2f} | "
-                     f"{row['demo_over_random']:.2f} |")
-    return "\n".join(lines)
+    return harness.markdown_table(header, [
+        [row["replicas"], *(f"{row['bytes'][m]:,}" for m in REPLICATORS),
+         *(f"{row[k]:.2f}" for k in ("dense_over_demo", "dense_over_random", "demo_over_random"))] for row in rows])
 
 
 def main() -> None:
@@ -148,11 +139,11 @@ def main() -> None:
                         help="wire type of the values (auto, the package default: float8 for demo, bfloat16 for "
                              "random, whose all-reduce adds values)")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "replicator_bytes.json")
+    harness.add_provenance_flags(parser)
     args = parser.parse_args()
     if args.shard_size < 1 or min(args.nodes) < 1 or not 0 < args.rate <= 1 or args.chunk < 1:
         parser.error("--shard_size, --nodes and --chunk must be >= 1 and --rate in (0, 1]")
-    started = datetime.datetime.now(datetime.timezone.utc)
-    clock = time.monotonic()
+    bench = harness.Run.start(args.out, args.allow_dirty)
     named_shapes, parameters = local_shard_shapes(args.config_name, args.shard_size)
     shapes = [shape for _, shape in named_shapes]
     nodes = sorted(set(args.nodes))
@@ -186,11 +177,7 @@ def main() -> None:
         f"{dense_cross}); demo >= random for every R >= {random_cross} on this grid (random's all-reduce stays "
         f"below 2 x {(coefficients + 1) * VALUE_DTYPES[random_dtype].itemsize:,} B at any R)."
     )
-    report = {
-        "command": shlex.join(sys.orig_argv),
-        "started_at": started.isoformat(timespec="seconds"),
-        "duration_seconds": time.monotonic() - clock,
-        "machine": describe_machine(),
+    report = bench.write(args.out, {
         "settings": {
             "config_name": args.config_name, "vocab_size": T5_VOCAB_SIZE, "shard_size": args.shard_size,
             "nodes": nodes, "compression_rate": args.rate, "compression_chunk": args.chunk,
@@ -220,9 +207,7 @@ def main() -> None:
             "summary": summary,
         },
         "table": text,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1))
+    })
     print(f"{args.config_name} ({parameters:,} parameters), shard size {args.shard_size}: rank 0's shard holds "
           f"{numel:,} elements, {coefficients:,} kept coefficients (density {coefficients / numel:.4g}, "
           f"rate {args.rate:g}, chunk {args.chunk}). Bytes per rank per optimizer step:\n")

@@ -12,21 +12,19 @@ CPU) over the same number of float32 elements:
 * ``sort``: a full sort of every block.
 
     python benchmarks/selection.py            # ~1 minute, writes benchmarks/results/selection.json
+    python benchmarks/selection.py --fraction 0.01 --repeats 2 --out /tmp/selection.json   # smoke, seconds
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import shlex
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import harness
 import torch
-from machine import describe_machine
 from transformers import T5ForConditionalGeneration
 
 from hf_flexdemo import compression
@@ -50,12 +48,17 @@ def timed(fn: Callable[[], object], repeats: int) -> list[float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--fraction", type=float, default=1.0, help="of the T5-small shard's elements (smoke runs)")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "selection.json")
+    harness.add_provenance_flags(parser)
     args = parser.parse_args()
+    if not 0 < args.fraction <= 1 or args.repeats < 1:
+        parser.error("--fraction must be in (0, 1] and --repeats >= 1")
+    bench = harness.Run.start(args.out, args.allow_dirty)
     torch.set_num_threads(1)
     numel = sum(p.numel() for p in T5ForConditionalGeneration(named_t5_config("t5-small", T5_VOCAB_SIZE)).parameters())
     block = DEFAULT_CHUNK * DEFAULT_CHUNK
-    rows = numel // block
+    rows = max(1, int(numel * args.fraction) // block)
     k = compression.kept_per_block(block, DEFAULT_RATE, None)
     generator = torch.Generator().manual_seed(0)
     coefficients = torch.randn(rows, DEFAULT_CHUNK, DEFAULT_CHUNK, generator=generator).bfloat16()
@@ -75,16 +78,14 @@ def main() -> None:
     seconds = {"adamw_step": timed(adamw.step, args.repeats)}
     seconds |= {name: timed(fn, args.repeats) for name, fn in ways.items()}
     median = {name: statistics.median(s) for name, s in seconds.items()}
-    report = {
-        "command": shlex.join(sys.orig_argv),
-        "machine": describe_machine(),
+    bench.write(args.out, {
         "threads": 1,
+        "fraction": args.fraction,
         "rows": rows, "block": [DEFAULT_CHUNK, DEFAULT_CHUNK], "kept_per_block": k, "adamw_numel": rows * block,
         "median_s": median,
         "ratio_to_adamw_step": {name: m / median["adamw_step"] for name, m in median.items()},
         "seconds": seconds,
-    }
-    args.out.write_text(json.dumps(report, indent=1))
+    })
     for name, m in median.items():
         print(f"{name:>10}: {m:.3f} s  ({m / median['adamw_step']:.2f} x AdamW's step)")
     print(f"wrote {args.out}")

@@ -4,7 +4,9 @@ Each grid is a list of runs (method, learning rate, FlexDeMoConfig fields) on on
 (``convergence.py``'s data, model, topology and worker). Results accumulate in
 ``benchmarks/results/sweep_<grid>.json`` after every run, so an interrupted sweep resumes where it
 stopped (``--rerun`` starts over); the JSON also holds a Markdown table and the Pareto front, and a
-plot of final validation loss against inter-node bytes per step goes next to it, AdamW as the line.
+plot of final validation loss against inter-node bytes per step goes next to it, AdamW as the line. The top-level
+header (command, started_at, git_commit, ...) is the latest invocation's; ``invocations`` holds every invocation's
+header, and each run its invocation's index (``invocation``), so a run names the commit that produced it.
 
     python benchmarks/sweep.py density    # rate x block x lr x replicator, 300 steps: ~3 min per run on 2 cores
     python benchmarks/sweep.py levers     # what closes the gap over 1,000 steps: ~10 min per run
@@ -15,11 +17,8 @@ plot of final validation loss against inter-node bytes per step goes next to it,
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
-import shlex
-import sys
 import tempfile
 import textwrap
 import time
@@ -27,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import convergence
-from machine import describe_machine
+import harness
 
 HERE = Path(__file__).resolve().parent
 QUICK = ["--quick", "--bleu_samples", "0"]
@@ -174,25 +173,25 @@ def pareto(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def table(rows: list[dict[str, Any]], front: list[str]) -> str:
-    lines = ["| run | final val loss | vs AdamW | bytes/step (all ranks) | train s | Pareto |",
-             "|---|---|---|---|---|---|"]
+    cells = []
     for r in sorted(rows, key=lambda r: r.get("final_eval_loss", math.inf)):
         if r["status"] != "ok":
-            lines.append(f"| {r['key']} | {r['status']} | | | | |")
+            cells.append([r["key"], r["status"], "", "", "", ""])
             continue
         gap = "-" if r.get("gap_pct") is None else f"{r['gap_pct']:+.1f} %"
-        lines.append(f"| {r['key']} | {r['final_eval_loss']:.3f} | {gap} | {r['bytes_per_step']:.4g} | "
-                     f"{r['train_wall_seconds']:.0f} | {'yes' if r['key'] in front else ''} |")
-    return "\n".join(lines)
+        cells.append([r["key"], f"{r['final_eval_loss']:.3f}", gap, f"{r['bytes_per_step']:.4g}",
+                      f"{r['train_wall_seconds']:.0f}", "yes" if r["key"] in front else ""])
+    return harness.markdown_table(["run", "final val loss", "vs AdamW", "bytes/step (all ranks)", "train s", "Pareto"],
+                                  cells)
 
 
 def plot(rows: list[dict[str, Any]], title: str, path: Path) -> None:
-    import matplotlib
+    with harness.figure(path, figsize=(8, 5)) as [axes]:
+        draw(axes, rows, title)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(figsize=(8, 5))
+def draw(axes, rows: list[dict[str, Any]], title: str) -> None:
+    """:func:`plot`'s points, the AdamW lines and the labels."""
     for r in rows:
         if r["status"] != "ok":
             continue
@@ -212,9 +211,6 @@ def plot(rows: list[dict[str, Any]], title: str, path: Path) -> None:
     axes.set_title("\n".join(textwrap.wrap(title, 100)), fontsize=8)
     axes.grid(True, alpha=0.3)
     axes.legend(fontsize=7)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
 
 
 def main() -> None:
@@ -223,16 +219,22 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", help="run keys to run (default: every run of the grid)")
     parser.add_argument("--rerun", action="store_true", help="ignore the results already in the JSON")
     parser.add_argument("--out", type=Path, help="default: benchmarks/results/sweep_<grid>.json")
+    harness.add_provenance_flags(parser)
     args = parser.parse_args()
     grid = GRIDS[args.grid]
     out = args.out or HERE / "results" / f"sweep_{args.grid}.json"
+    bench = harness.Run.start(out, args.allow_dirty)
     report = json.loads(out.read_text()) if out.exists() and not args.rerun else {"runs": {}}
+    # Every invocation that added to the file (a file from before the harness: its commands, the first's start).
+    legacy = [{"command": c} for c in report.pop("commands", [])]
+    if legacy:
+        legacy[0]["started_at"] = report.get("started_at")
+    invocations = report.setdefault("invocations", legacy)
+    invocations.append(bench.header)
+    for name in [*bench.header, "duration_seconds"]:
+        report.pop(name, None)  # the latest invocation's header goes on top (Run.write)
     settings = convergence.parse_args(grid["argv"])
-    report.setdefault("commands", []).append(shlex.join(sys.orig_argv))  # every invocation that added to the file
-    report.pop("command", None)
-    report.update(grid=args.grid, convergence_argv=grid["argv"],
-                  settings=convergence.settings(settings), machine=describe_machine())
-    report.setdefault("started_at", datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+    report.update(grid=args.grid, convergence_argv=grid["argv"], settings=convergence.settings(settings))
     wanted = [r for r in grid["runs"] if not args.only or run_key(r) in args.only]
     with tempfile.TemporaryDirectory(prefix="fdm-sweep-") as scratch:
         for run in wanted:
@@ -245,8 +247,8 @@ def main() -> None:
             start = time.monotonic()
             result = convergence.summarize(convergence.run_method(options, run["method"], run["lr"], 0, Path(scratch)))
             report["runs"][key] = {"method": run["method"], "knobs": run["knobs"], "seconds": time.monotonic() - start,
-                                   **result}
-            out.write_text(json.dumps(report, indent=1))
+                                   "invocation": len(invocations) - 1, **result}
+            bench.write(out, report)
     rows = []
     references = {}  # AdamW's final loss per seed: a run's gap is against AdamW from the same initialisation
     for r in report["runs"].values():
@@ -263,7 +265,7 @@ def main() -> None:
         rows.append(row)
     front = pareto([r for r in rows if r["status"] == "ok" and r["method"] != "adamw"])
     report.update(rows=rows, pareto=front, table=table(rows, front))
-    out.write_text(json.dumps(report, indent=1))
+    bench.write(out, report)
     title = f"sweep '{args.grid}': {' '.join(grid['argv'])} (2 nodes x 2 CPU ranks, Multi30k en->fr)"
     plot(rows, title, out.with_suffix(".png"))
     print(report["table"])

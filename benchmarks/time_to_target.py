@@ -57,22 +57,16 @@ and a ``.png`` plot (validation loss against training seconds, one panel per lin
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
-import os
-import shlex
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import convergence
-from bandwidth import link_label, link_rate, stop
-from emulated_link import EmulatedLink, LinkCounters, LinkSetupError
-from machine import describe_machine
+import harness
+from emulated_link import EmulatedLink, LinkCounters, LinkSetupError, link_label, link_rate
 
 HERE = Path(__file__).resolve().parent
 NODES, RANKS_PER_NODE = 2, 2
@@ -107,6 +101,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="training seconds reserved for each slow-link AdamW run still to come (enough steps "
                              "to measure its step time)")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "time_to_target_quick.json")
+    harness.add_provenance_flags(parser)
     args = parser.parse_args(argv)
     argv_conv = ["--quick", "--bleu_samples", "0", "--eval_steps", str(args.eval_steps),
                  "--logging_steps", str(args.logging_steps or args.eval_steps)]
@@ -140,17 +135,13 @@ def plan(links: list[float | None]) -> list[tuple[str, float | None, bool]]:
 
 def worker_command(args: argparse.Namespace, link: EmulatedLink, node: int, method: str, out: Path,
                    scratch: Path, target: float | None, max_train_seconds: float) -> list[str]:
-    """``convergence.py``'s worker options (same preset, data and seed), launched as node ``node`` of 2."""
-    options = convergence.worker_command(args.convergence, method, args.lrs[method], 0, out,
-                                         scratch / f"output-node{node}")
-    worker = options[options.index(str(HERE / "convergence_worker.py")):]
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(NODES), "--node_rank", str(node),
-                "--nproc_per_node", str(RANKS_PER_NODE), "--rdzv_backend", "static",
-                "--master_addr", link.addresses[0], "--master_port", str(MASTER_PORT)]
-    stops = [f"--max_train_seconds={max_train_seconds:.1f}"]
+    """``convergence.py``'s worker and options (same preset, data and seed), launched as node ``node`` of 2."""
+    worker = convergence.worker_args(args.convergence, method, args.lrs[method], 0, out, scratch / f"output-node{node}")
+    worker.append(f"--max_train_seconds={max_train_seconds:.1f}")
     if target is not None:
-        stops.append(f"--stop_at_eval_loss={target!r}")
-    return link.command(node, [*torchrun, *worker, *stops])
+        worker.append(f"--stop_at_eval_loss={target!r}")
+    return link.command(node, harness.torchrun(worker, RANKS_PER_NODE, nnodes=NODES, node_rank=node,
+                                               master_addr=link.addresses[0], master_port=MASTER_PORT))
 
 
 def counters(c: LinkCounters) -> dict[str, int]:
@@ -166,40 +157,24 @@ def run(args: argparse.Namespace, method: str, rate: float | None, target: float
     print(f"[time_to_target] {method} on {link_label(rate)} (max {max_train_seconds:.0f} training s) ...", flush=True)
     with EmulatedLink(rate) as link:
         before = link.counters(0)
-        start = time.monotonic()
-        processes: list[subprocess.Popen] = []
-        try:
-            for node, log in enumerate(logs):
-                env = {
-                    **os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1",
-                    "GLOO_SOCKET_IFNAME": link.interfaces[node],
-                    "HF_DATASETS_CACHE": str(scratch / f"datasets-node{node}"),  # each node its own cache
-                    "PYTHONPATH": os.pathsep.join([str(convergence.REPO), str(convergence.REPO / "recipes"),
-                                                   os.environ.get("PYTHONPATH", "")]),
-                }
-                command = worker_command(args, link, node, method, out, scratch, target, max_train_seconds)
-                with open(log, "w") as handle:
-                    processes.append(subprocess.Popen(command, env=env, stdout=handle, stderr=subprocess.STDOUT,
-                                                      start_new_session=True))
-            deadline = start + timeout_s
-            while any(p.poll() is None for p in processes) and time.monotonic() < deadline:
-                time.sleep(1)
-        finally:
-            timed_out = any(p.poll() is None for p in processes)
-            stop(processes)
+        commands = [worker_command(args, link, node, method, out, scratch, target, max_train_seconds)
+                    for node in range(NODES)]
+        envs = [harness.worker_env(gloo_interface=link.interfaces[node],
+                                   datasets_cache=scratch / f"datasets-node{node}")  # each node its own cache
+                for node in range(NODES)]
+        job = harness.run_job(commands, logs, timeout_s, envs, expect=out)
         after = link.counters(0)
         described = link.describe()
-    seconds = time.monotonic() - start
+    seconds = job["launch_seconds"]
     record: dict[str, Any] = {"method": method, "link": described, "lr": args.lrs[method],
                               "stop_at_eval_loss": target, "max_train_seconds": max_train_seconds,
                               "launch_seconds": seconds,
                               "veth_counters_node0": {"before": counters(before), "after": counters(after),
                                                       "total_bytes": after.total - before.total}}
-    codes = [p.returncode for p in processes]
-    if timed_out or any(codes) or not out.exists():
-        status = "timeout" if timed_out else f"failed (exit codes {codes})"
-        print(f"[time_to_target] {tag}: {status} after {seconds:.0f} s", flush=True)
-        return {**record, "status": status, "log_tails": [log.read_text()[-4000:] for log in logs]}
+    if job["status"] != harness.OK:
+        print(f"[time_to_target] {tag}: {job['status']} (exit codes {job['returncodes']}) after {seconds:.0f} s",
+              flush=True)
+        return {**record, **job}
     result = json.loads(out.read_text())
     summary = convergence.summarize({"status": "ok", **result, "launch_seconds": seconds})
     clock = {p["step"]: p["train_seconds"] for p in result["train_clock"]}
@@ -347,50 +322,47 @@ def plot(runs: list[dict[str, Any]], links: list[float | None], target: float, t
 
     A projected AdamW time (a run stopped by the budget) is drawn dotted: the reference run's later points
     at this run's seconds per step, ending with an x at the target."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     order = sorted(links, key=speed)
-    figure, panels = plt.subplots(1, len(order), figsize=(max(7.5, 6 * len(order)), 4.8), squeeze=False)
     colours = {"adamw": "tab:blue", "flexdemo": "tab:orange"}
-    for axes, rate in zip(panels[0], order):
-        for r in runs:
-            if r["link"]["rate_mbit"] != rate or r["status"] != "ok":
-                continue
-            seconds = [p["train_seconds"] for p in r["points"]]
-            losses = [p["eval_loss"] for p in r["points"]]
-            t = times[key(rate)][r["method"]]
-            label = r["method"] + (f": target at {t['seconds']:.0f} s" if t["reached"] else ": target not reached")
-            axes.plot(seconds, losses, marker="o", markersize=3, color=colours[r["method"]], label=label)
-            if t["reached"]:
-                axes.plot([t["seconds"]], [target], marker="*", markersize=12, color=colours[r["method"]])
-            elif "projected_seconds" in t:
-                start, pace, last = r["points"][0]["train_seconds"], r["seconds_per_step"], r["points"][-1]["step"]
-                later = [(start + p["step"] * pace, p["eval_loss"]) for p in runs[0]["points"]
-                         if last < p["step"] and p["eval_loss"] > target]
-                xs, ys = zip(*[(seconds[-1], losses[-1]), *later, (t["projected_seconds"], target)])
-                axes.plot(xs, ys, marker="x", markevery=[len(xs) - 1], markersize=10, linestyle=":",
-                          color=colours[r["method"]],
-                          label=f"{r['method']}: projected {t['projected_seconds']:.0f} s (not measured)")
-        axes.axhline(target, color="black", linestyle="--", linewidth=1, label=f"target {target:.3f}")
-        axes.set_title(f"link {link_label(rate)}", fontsize=10)
-        axes.set_xlabel("training seconds (evaluations excluded)")
-        axes.set_ylabel("validation loss")
-        axes.set_ylim(top=min(axes.get_ylim()[1], target * 2.2))
-        axes.grid(True, alpha=0.3)
-        axes.legend(fontsize=8)
-    figure.suptitle(title, fontsize=10)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    with harness.figure(path, len(order), (max(7.5, 6 * len(order)), 4.8), title) as panels:
+        for axes, rate in zip(panels, order):
+            draw_link(axes, runs, rate, target, times, colours)
+
+
+def draw_link(axes: Any, runs: list[dict[str, Any]], rate: float | None, target: float, times: dict[str, Any],
+              colours: dict[str, str]) -> None:
+    """One panel of :func:`plot`: the runs on the link of ``rate``."""
+    for r in runs:
+        if r["link"]["rate_mbit"] != rate or r["status"] != "ok":
+            continue
+        seconds = [p["train_seconds"] for p in r["points"]]
+        losses = [p["eval_loss"] for p in r["points"]]
+        t = times[key(rate)][r["method"]]
+        label = r["method"] + (f": target at {t['seconds']:.0f} s" if t["reached"] else ": target not reached")
+        axes.plot(seconds, losses, marker="o", markersize=3, color=colours[r["method"]], label=label)
+        if t["reached"]:
+            axes.plot([t["seconds"]], [target], marker="*", markersize=12, color=colours[r["method"]])
+        elif "projected_seconds" in t:
+            start, pace, last = r["points"][0]["train_seconds"], r["seconds_per_step"], r["points"][-1]["step"]
+            later = [(start + p["step"] * pace, p["eval_loss"]) for p in runs[0]["points"]
+                     if last < p["step"] and p["eval_loss"] > target]
+            xs, ys = zip(*[(seconds[-1], losses[-1]), *later, (t["projected_seconds"], target)])
+            axes.plot(xs, ys, marker="x", markevery=[len(xs) - 1], markersize=10, linestyle=":",
+                      color=colours[r["method"]],
+                      label=f"{r['method']}: projected {t['projected_seconds']:.0f} s (not measured)")
+    axes.axhline(target, color="black", linestyle="--", linewidth=1, label=f"target {target:.3f}")
+    axes.set_title(f"link {link_label(rate)}", fontsize=10)
+    axes.set_xlabel("training seconds (evaluations excluded)")
+    axes.set_ylabel("validation loss")
+    axes.set_ylim(top=min(axes.get_ylim()[1], target * 2.2))
+    axes.grid(True, alpha=0.3)
+    axes.legend(fontsize=8)
 
 
 def print_table(links: list[float | None], times: dict[str, Any], detail: dict[str, Any]) -> None:
-    print("| link | adamw s to target | flexdemo s to target | speedup |\n|---|---|---|---|")
+    rows = []
     for rate in sorted(links, key=speed):
-        cells = []
+        cells = [link_label(rate)]
         for method in METHODS:
             t = times[key(rate)][method]
             if t["reached"]:
@@ -401,19 +373,18 @@ def print_table(links: list[float | None], times: dict[str, Any], detail: dict[s
                 cells.append("not reached")
         d = detail[key(rate)]
         if d["speedup"] is not None:
-            speedup = f"{d['speedup']:.2f}"
+            cells.append(f"{d['speedup']:.2f}")
         elif "speedup_lower_bound" in d:
-            speedup = f">= {d['speedup_lower_bound']:.2f} (projected {d.get('speedup_projected', math.nan):.2f})"
+            cells.append(f">= {d['speedup_lower_bound']:.2f} (projected {d.get('speedup_projected', math.nan):.2f})")
         else:
-            speedup = "-"
-        print(f"| {link_label(rate)} | {cells[0]} | {cells[1]} | {speedup} |")
+            cells.append("-")
+        rows.append(cells)
+    print(harness.markdown_table(["link", "adamw s to target", "flexdemo s to target", "speedup"], rows))
 
 
 def main() -> None:
     args = parse_args()
-    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    clock, load = time.monotonic(), os.getloadavg()  # other jobs on the machine slow the ranks down
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+    bench = harness.Run.start(args.out, args.allow_dirty)  # the machine's load average: other jobs slow the ranks
     steps = plan(args.links)
     runs: list[dict[str, Any]] = []
     overhead = args.overhead_s
@@ -421,7 +392,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="fdm-time-to-target-") as scratch:
         for i, (method, rate, stops) in enumerate(steps):
             later = steps[i + 1:]
-            remaining = args.budget_s - (time.monotonic() - clock)
+            remaining = args.budget_s - bench.seconds
             reserved = sum(overhead + (args.reserve_flexdemo_s if m == "flexdemo" else args.reserve_adamw_s)
                            for m, _, _ in later)
             cap = remaining - overhead - reserved
@@ -444,8 +415,7 @@ def main() -> None:
             if i == 0:
                 if record["status"] != "ok" or record["global_step"] < args.convergence.max_steps:
                     why = record.get("stopped_by") or record["status"]
-                    args.out.write_text(json.dumps({"command": shlex.join(sys.orig_argv), "error": why,
-                                                    "runs": runs}, indent=1))
+                    bench.write(args.out, {"error": why, "runs": runs})
                     sys.exit(f"[time_to_target] the reference AdamW run did not finish ({why}): no target; "
                              f"see {args.out}, raise --budget_s")
                 target = record["final_eval_loss"] * (1 + args.margin_pct / 100)
@@ -453,13 +423,9 @@ def main() -> None:
                       f"= {target:.4f}", flush=True)
     reference = runs[0]
     times, speedups, detail = time_to_target(runs, target, reference, args.links)
-    report = {
-        "command": shlex.join(sys.orig_argv),
-        "started_at": started,
-        "duration_seconds": time.monotonic() - clock,
+    report = bench.write(args.out, {
         "budget_s": args.budget_s,
         "plan": [f"{m} on {link_label(r)}" + (", stop at the target" if s else ", to the end") for m, r, s in steps],
-        "machine": {**describe_machine(), "loadavg_at_start": load},
         "topology": f"{NODES} nodes x {RANKS_PER_NODE} CPU ranks, one torchrun per network namespace, gloo on a "
                     "tc tbf rate-limited veth (emulated_link.py)",
         "settings": {
@@ -481,8 +447,7 @@ def main() -> None:
         "adamw_exchange_vs_compute": exchange_vs_compute(runs),
         "determinism_across_links": determinism(runs),
         "runs": runs,
-    }
-    args.out.write_text(json.dumps(report, indent=1))
+    })
     title = (f"Time to AdamW's final validation loss + {args.margin_pct:g} %\nT5 d{args.convergence.d_model} "
              f"{args.convergence.num_layers}+{args.convergence.num_layers} layers, Multi30k en->fr, {NODES} nodes x "
              f"{RANKS_PER_NODE} CPU ranks, FlexDeMo at the package defaults")

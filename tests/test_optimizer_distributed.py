@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch
-from launch import WORKERS, run_worker
+from launch import run_worker
 
 pytestmark = pytest.mark.multiprocess
 
@@ -31,13 +30,9 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def suite(tmp_path_factory):
-    """Every case in one 4-rank launch (2 nodes x 2 processes unless the case says otherwise).
-
-    ``benchmarks/`` goes on the workers' path for ``optimizer_step.import_reference`` (the detonation case).
-    """
+    """Every case in one 4-rank launch (2 nodes x 2 processes unless the case says otherwise)."""
     args = [a for case in CASES for a in ("--case", case)]
-    path = os.pathsep.join(filter(None, [str(WORKERS.parents[1] / "benchmarks"), os.environ.get("PYTHONPATH")]))
-    return run_worker("optimizer_worker", 4, tmp_path_factory.mktemp("optimizer"), *args, env={"PYTHONPATH": path})
+    return run_worker("optimizer_worker", 4, tmp_path_factory.mktemp("optimizer"), *args)
 
 
 def _case(suite, spec):

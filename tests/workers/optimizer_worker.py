@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from reference import reference_demo_step, reference_update
+from reference import import_detonation, reference_demo_step, reference_update
 from tiny_model import VOCAB_SIZE, tiny_t5
 from torch import nn
 from torch.distributed.tensor import DTensor
@@ -180,9 +180,7 @@ def case_detonation(args) -> dict:
     """FlexDeMo against the authors' ``detonation`` (DeToSGD + DeMoReplicator, DDP mode: sharding groups of 1)
     on ranks {0, 1} and {2, 3}: two 2-rank plain-DeMo jobs, the same tiny T5, the same random gradients."""
     try:
-        from optimizer_step import import_reference  # benchmarks/optimizer_step.py: the one way to import it
-
-        de_to_sgd, demo_replicator, _ = import_reference()
+        de_to_sgd, demo_replicator = import_detonation()
     except ImportError as err:
         return {"skip": f"detonation is not importable ({err}); it is in the bench extra: pip install -e .[bench]"}
     rank = dist.get_rank()

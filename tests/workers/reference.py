@@ -1,10 +1,35 @@
-"""A deliberately naive DeMo step (one block at a time, dense scatter, dense IDCT, float64) to check against."""
+"""What FlexDeMo is checked against: a deliberately naive DeMo step (one block at a time, dense scatter, dense
+IDCT, float64), and the authors' own ``detonation`` package (:func:`import_detonation`)."""
 
 from __future__ import annotations
 
 import math
+import sys
+import types
 
 import torch
+
+
+def import_detonation() -> tuple[type, type]:
+    """The authors' ``DeToSGD`` and ``DeMoReplicator`` (PyPI ``detonation``), importable without their ``mltiming``.
+
+    ``detonation.repl.demo_replicator`` imports ``mltiming.timing`` (an extra of detonation) and never calls it on
+    this path; when ``mltiming`` is missing a stub stands in, which raises if it is called. ``ImportError`` when
+    detonation itself is missing.
+    """
+    try:
+        import mltiming  # noqa: F401
+    except ModuleNotFoundError:
+
+        def timing(*args, **kwargs):
+            raise RuntimeError("detonation called mltiming.timing, which the tests' stub cannot stand in for")
+
+        stub = types.ModuleType("mltiming")
+        stub.timing = timing
+        sys.modules["mltiming"] = stub
+    from detonation import DeMoReplicator, DeToSGD
+
+    return DeToSGD, DeMoReplicator
 
 
 def _basis(n: int) -> torch.Tensor:
