@@ -1,7 +1,8 @@
 """One convergence run (one method, one learning rate) on every rank of a ``torchrun`` job; see ``convergence.py``.
 
-Data, tokenizer, model and metrics come from the package modules the T5 recipe uses (``hf_flexdemo.seq2seq_data``,
-``seq2seq_model``, ``seq2seq_metrics``), so the benchmark trains exactly what a user of the recipe trains. Evaluation loss is logged every ``--eval_steps``
+Data, tokenizer, model and metrics come from the package modules the T5 recipe uses
+(``hf_flexdemo.seq2seq_data``, ``seq2seq_model``, ``seq2seq_metrics``), so the benchmark trains exactly what a
+user of the recipe trains. Evaluation loss is logged every ``--eval_steps``
 (and at step 0); BLEU and chrF are computed once at the end by greedy generation on the first
 ``--bleu_samples`` validation pairs. Rank 0 writes the log history and the final scores to ``--out``.
 ``--stop_at_eval_loss`` and ``--max_train_seconds`` end training early on every rank at the same step
