@@ -7,8 +7,8 @@ On the wire (``replicator="demo"``), a block's positions are ``k`` in-block indi
 or, when smaller, a bitmask of the block (one bit per coefficient: at rate 1/8 of 8 x 8 the same 8 bytes as the
 indices, at the default 1/4 of 32 x 32 a quarter of int16 indices). Values are ``bfloat16``, ``float32``, or
 ``float8``: e4m3 with one bfloat16 scale per block that maps the block's largest magnitude to e4m3's largest (a
-normal number at any magnitude, so finite values decode finite), so a coefficient costs one byte; the sender's error feedback subtracts the values as they arrive, so what rounding
-loses is sent later.
+normal number at any magnitude, so finite values decode finite), so a coefficient costs one byte; the sender's
+error feedback subtracts the values as they arrive, so what rounding loses is sent later.
 
 * ``select_topk`` picks the ``k`` coefficients of largest magnitude in every block (``replicator="demo"``);
 * ``select_random`` picks ``k`` positions per block from a generator every replica seeds identically, so
