@@ -98,6 +98,11 @@ class FlexDeMoConfig:
         metadata={"help": "Processes per node (FSDP group size). Default: from the launcher (accelerate's "
                           "parallelism_config_dp_shard_size, else LOCAL_WORLD_SIZE)."},
     )
+    reduce_dtype: Literal["float32", "bfloat16"] = field(
+        default="float32",
+        metadata={"help": "method='adamw' only: dtype of FSDP2's gradient reduce-scatter and cross-node all-reduce "
+                          "(MixedPrecisionPolicy.reduce_dtype; float32 as torchtitan, bfloat16 halves the bytes)."},
+    )
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -106,8 +111,16 @@ class FlexDeMoConfig:
             raise ValueError(
                 f"FlexDeMoConfig: invalid shard_size={self.shard_size!r}; accepted: None or an integer >= 1."
             )
+        if self.reduce_dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"FlexDeMoConfig: invalid reduce_dtype={self.reduce_dtype!r}; accepted: float32 | "
+                             "bfloat16.")
+        if self.reduce_dtype != "float32" and self.method != "adamw":
+            raise ValueError(f"FlexDeMoConfig: reduce_dtype={self.reduce_dtype!r} with method={self.method!r}; "
+                             "accepted: reduce_dtype='float32' unless method='adamw' (it sets the AdamW-HSDP "
+                             "baseline's gradient reduction; FlexDeMo's exchange has its own wire type, "
+                             "value_dtype).")
         validate_knobs(**self.optimizer_kwargs())
 
     def optimizer_kwargs(self) -> dict[str, Any]:
         """The FlexDeMo constructor arguments this config sets."""
-        return {k: v for k, v in asdict(self).items() if k not in ("method", "shard_size")}
+        return {k: v for k, v in asdict(self).items() if k not in ("method", "shard_size", "reduce_dtype")}

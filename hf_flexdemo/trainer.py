@@ -141,9 +141,13 @@ class FlexDeMoTrainer(Trainer):
         Accelerate's own wrapping puts the input embedding and the LM head in different FSDP groups,
         which tied embeddings (T5) do not allow; :func:`shard_model` keeps them in the root group.
         """
-        policy = MixedPrecisionPolicy()
+        # method="adamw" may reduce its gradients in bfloat16 (FlexDeMoConfig.reduce_dtype; float32 by default);
+        # FSDP2 casts them before the reduce-scatter and the cross-node all-reduce, and back to the parameters'.
+        bf16_reduce = self.flexdemo_config.reduce_dtype == "bfloat16"
+        policy = MixedPrecisionPolicy(reduce_dtype=torch.bfloat16 if bf16_reduce else None)  # None: the grads' dtype
         if self.accelerator.mixed_precision == "bf16":
-            policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                          reduce_dtype=torch.bfloat16 if bf16_reduce else torch.float32)
         shard_model(self.model, self.accelerator.torch_device_mesh, hsdp=self.flexdemo_config.method == "adamw",
                     mp_policy=policy)
         self.model._is_fsdp_managed_module = True  # Transformers' FSDP2 flag: generate() keeps ranks in step

@@ -34,11 +34,21 @@ def test_overlap_in_backward_refuses_gradient_clipping_it_would_skip(tmp_path):
     [({"method": "sgd"}, "method='sgd'; accepted: flexdemo | demo | adamw"),
      ({"shard_size": 0}, "shard_size=0; accepted: None or an integer >= 1"),
      ({"compression_topk": -1}, "compression_topk=-1; accepted: an integer >= 1"),
-     ({"update": "lion"}, "update='lion'; accepted: sign | sgd | adamw")],
+     ({"update": "lion"}, "update='lion'; accepted: sign | sgd | adamw"),
+     ({"method": "adamw", "reduce_dtype": "float16"}, "reduce_dtype='float16'; accepted: float32 | bfloat16"),
+     ({"reduce_dtype": "bfloat16"}, "reduce_dtype='bfloat16' with method='flexdemo'; accepted: reduce_dtype='float32' "
+                                    "unless method='adamw'"),
+     ({"method": "demo", "reduce_dtype": "bfloat16"}, "reduce_dtype='bfloat16' with method='demo'")],
 )
 def test_config_validates_every_knob(kwargs, message):
     with pytest.raises(ValueError, match=message):
         FlexDeMoConfig(**kwargs)
+
+
+def test_reduce_dtype_is_the_adamw_baselines_and_not_an_optimizer_knob():
+    assert FlexDeMoConfig().reduce_dtype == "float32"
+    assert FlexDeMoConfig(method="adamw", reduce_dtype="bfloat16").reduce_dtype == "bfloat16"
+    assert "reduce_dtype" not in FlexDeMoConfig().optimizer_kwargs()
 
 
 def test_shard_size_must_divide_the_world():
