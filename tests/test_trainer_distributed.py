@@ -11,6 +11,8 @@ from tiny_model import tiny_t5
 from trainer_worker import fixed_batch
 from transformers import AutoModelForSeq2SeqLM
 
+from hf_flexdemo.replicate import dense_allreduce_bytes
+
 pytestmark = pytest.mark.multiprocess
 
 
@@ -38,7 +40,11 @@ def test_flexdemo_trains_logs_traffic_and_keeps_replicas_identical(straight):
     for entry in logs:
         assert entry["flexdemo/bytes_sent"] == total_sent
         assert entry["flexdemo/bytes_received"] == sum(r["comm_stats"]["bytes_received"] for r in ranks)
-        assert entry["flexdemo/compression_ratio"] == pytest.approx(total_dense / total_sent)
+        # headline: vs a bf16 all-reduce of the same shards (dense_allreduce_bytes with 2-byte elements, per rank)
+        total_bf16 = sum(dense_allreduce_bytes(r["trainable_numel"], 2, 2) for r in ranks)
+        assert total_bf16 == sum(r["comm_stats"]["dense_bytes"] // 2 for r in ranks)
+        assert entry["flexdemo/compression_ratio"] == pytest.approx(total_bf16 / total_sent)
+        assert entry["flexdemo/compression_ratio_fp32"] == pytest.approx(total_dense / total_sent)
         assert entry["flexdemo/comm_seconds"] > 0
     assert logs[-1]["flexdemo/total_bytes_sent"] == 20 * total_sent
     for a, b in [(0, 2), (1, 3)]:
