@@ -96,7 +96,6 @@ def main() -> None:
                                  for m in trainer.model.modules() if hasattr(m, "_get_fsdp_state")
                                  and m._get_fsdp_state()._fsdp_param_group is not None}),
         "bf16_exact_grads": bf16_exact_grads,
-        "trainable_numel": sum(_local(p).numel() for p in trainer.model.parameters() if p.requires_grad),
     }
     torch.save(result, args.out / f"rank{dist.get_rank()}.pt")
     if dist.get_rank() == 0:
