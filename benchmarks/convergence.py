@@ -211,7 +211,11 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
                 if run["topology"]["shard_size"] == 1 else " (inter-node)"),
             "total": traffic[-1]["flexdemo/total_bytes_sent"],
             "per_step": sum(per_step) / len(per_step),
-            "compression_ratio_vs_dense_fp32": traffic[-1].get("flexdemo/compression_ratio"),
+            # logs before the bf16 headline had compression_ratio only, against fp32
+            "compression_ratio_vs_dense_fp32": traffic[-1].get("flexdemo/compression_ratio_fp32",
+                                                               traffic[-1].get("flexdemo/compression_ratio")),
+            "compression_ratio_vs_dense_bf16": (traffic[-1].get("flexdemo/compression_ratio")
+                                                if "flexdemo/compression_ratio_fp32" in traffic[-1] else None),
         }
     else:
         dense = run["dense_allreduce_bytes_per_step"]

@@ -4,7 +4,8 @@ Why: an all-gather of top-k payloads (``replicator="demo"``) sends ``(R - 1)`` t
 saving over a dense all-reduce shrinks as nodes are added, while an all-reduce (``"random"``, ``"full"``,
 AdamW-HSDP) stays under twice its buffer at any R. This script computes, from the exact shapes of the local
 FSDP2 shards (no training, no communication), the bytes each rank puts on the inter-node link per step for
-R = 2 ... 64 nodes, and the R at which the all-gather stops paying off.
+R = 2 ... 64 nodes, and the R at which the all-gather stops paying off against AdamW-HSDP reducing in bf16
+(``FlexDeMoConfig(method="adamw", reduce_dtype="bfloat16")``) and in fp32 (FSDP2's default).
 
     python benchmarks/replicator_bytes.py       # T5-small shape, shard size 8, package defaults: ~5 s on 2 cores
 
@@ -41,6 +42,10 @@ sums run over the rank's non-empty local shards; ``//`` is integer division as i
 
       bytes = 2 * (R - 1) * numel * 4 // R
 
+  and with ``reduce_dtype="bfloat16"`` (``adamw_bf16``, recorded next to the table's columns)::
+
+      bytes = 2 * (R - 1) * numel * 2 // R
+
 Writes ``benchmarks/results/replicator_bytes.json`` (command, machine, versions, settings, the local shard
 shapes, per-R bytes, ratios, crossovers and the Markdown table) and prints the table.
 """
@@ -70,6 +75,7 @@ DESCRIPTIONS = {
     "random": "FlexDeMo random: all-reduce of the values at shared random positions",
     "full": "FlexDeMo full: all-reduce of the fp32 momentum",
     "adamw": "AdamW-HSDP: dense fp32 gradient all-reduce",
+    "adamw_bf16": "AdamW-HSDP with reduce_dtype='bfloat16': dense bf16 gradient all-reduce",
 }
 DEFAULT_NODES = (2, 4, 8, 16, 32, 64)
 
@@ -153,6 +159,9 @@ def main() -> None:
     table = {r: {m: bytes_per_rank(m, shapes, r, args.rate, args.chunk,
                                    random_dtype if m == "random" else demo_dtype) for m in REPLICATORS}
              for r in nodes}
+    numel = sum(torch.Size(s).numel() for s in shapes)
+    for r in nodes:  # AdamW-HSDP reducing in bf16 (reduce_dtype="bfloat16"): the same all-reduce, 2-byte elements
+        table[r]["adamw_bf16"] = dense_allreduce_bytes(numel, r, 2)
     rows = [{
         "replicas": r,
         "bytes": table[r],
@@ -160,21 +169,24 @@ def main() -> None:
         "dense_over_random": table[r]["adamw"] / table[r]["random"] if table[r]["random"] else None,
         "demo_over_random": table[r]["demo"] / table[r]["random"] if table[r]["random"] else None,
     } for r in nodes if r > 1]
-    per_r = {m: {r: table[r][m] for r in nodes if r > 1} for m in REPLICATORS}
+    per_r = {m: {r: table[r][m] for r in nodes if r > 1} for m in (*REPLICATORS, "adamw_bf16")}
     grid = [r for r in nodes if r > 1]
     kept = kept_coefficients(shapes, args.rate, args.chunk)
     coefficients = sum(blocks * k for blocks, k, _ in kept)
-    numel = sum(torch.Size(s).numel() for s in shapes)
     payload = bytes_per_rank("demo", shapes, 2, args.rate, args.chunk, demo_dtype)
-    # demo = (R-1) P and dense = 8 n (R-1)/R, so demo >= dense exactly when R >= 8 n / P.
-    crossover_exact = 8 * numel / payload
+    # demo = (R-1) P and dense = 8 n (R-1)/R in fp32 (4 n (R-1)/R in bf16), so demo >= dense exactly when
+    # R >= 8 n / P (R >= 4 n / P).
+    crossover_exact, bf16_crossover_exact = 8 * numel / payload, 4 * numel / payload
     dense_cross = first_at_least(grid, per_r["demo"], per_r["adamw"])
+    bf16_cross = first_at_least(grid, per_r["demo"], per_r["adamw_bf16"])
     random_cross = first_at_least(grid, per_r["demo"], per_r["random"])
     text = markdown(rows)
     summary = (
-        f"demo's all-gather sends (R-1) x {payload:,} B per rank, AdamW-HSDP's dense all-reduce (R-1)/R x 8 x "
-        f"{numel:,} B: demo >= dense for R >= 8 n / payload = {crossover_exact:.2f} (on this grid from R = "
-        f"{dense_cross}); demo >= random for every R >= {random_cross} on this grid (random's all-reduce stays "
+        f"demo's all-gather sends (R-1) x {payload:,} B per rank, AdamW-HSDP's dense all-reduce (R-1)/R x 4 x "
+        f"{numel:,} B in bf16 (reduce_dtype='bfloat16'), twice that in fp32: demo >= dense bf16 for R >= 4 n / "
+        f"payload = {bf16_crossover_exact:.2f} (on this grid from R = {bf16_cross}), demo >= dense fp32 for R >= "
+        f"8 n / payload = {crossover_exact:.2f} (from R = {dense_cross}); demo >= random for every R >= "
+        f"{random_cross} on this grid (random's all-reduce stays "
         f"below 2 x {(coefficients + 1) * VALUE_DTYPES[random_dtype].itemsize:,} B at any R)."
     )
     report = bench.write(args.out, {
@@ -188,6 +200,7 @@ def main() -> None:
             "random": "2*(R-1)*(sum_params blocks*k + 1)*value_bytes // R",
             "full": "2*(R-1)*(numel+1)*4 // R",
             "adamw": "2*(R-1)*numel*4 // R",
+            "adamw_bf16": "2*(R-1)*numel*2 // R",
         },
         "descriptions": DESCRIPTIONS,
         "model_parameters": parameters,
@@ -203,6 +216,8 @@ def main() -> None:
         "crossover": {
             "demo_ge_dense_from_R": dense_cross,
             "demo_ge_dense_from_R_exact": crossover_exact,
+            "demo_ge_dense_bf16_from_R": bf16_cross,
+            "demo_ge_dense_bf16_from_R_exact": bf16_crossover_exact,
             "demo_ge_random_from_R": random_cross,
             "summary": summary,
         },

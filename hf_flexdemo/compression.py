@@ -6,9 +6,9 @@ fraction of each block that travels, the same at any shard shape) or from DeMo's
 On the wire (``replicator="demo"``), a block's positions are ``k`` in-block indices (8 bits up to 16 x 16 blocks)
 or, when smaller, a bitmask of the block (one bit per coefficient: at rate 1/8 of 8 x 8 the same 8 bytes as the
 indices, at the default 1/4 of 32 x 32 a quarter of int16 indices). Values are ``bfloat16``, ``float32``, or
-``float8``: e4m3 with one bfloat16 scale per block that maps the block's largest magnitude to e4m3's largest, so
-a coefficient costs one byte; the sender's error feedback subtracts the values as they arrive, so what rounding
-loses is sent later.
+``float8``: e4m3 with one bfloat16 scale per block that maps the block's largest magnitude to e4m3's largest (a
+normal number at any magnitude, so finite values decode finite), so a coefficient costs one byte; the sender's
+error feedback subtracts the values as they arrive, so what rounding loses is sent later.
 
 * ``select_topk`` picks the ``k`` coefficients of largest magnitude in every block (``replicator="demo"``);
 * ``select_random`` picks ``k`` positions per block from a generator every replica seeds identically, so
@@ -29,6 +29,8 @@ tensor goes back to a signal with :meth:`BlockLayout.idct` (two GEMMs).
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -39,6 +41,19 @@ VALUE_DTYPES: dict[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float32": t
                                         "float8": torch.float8_e4m3fn}
 _FP8_MAX = torch.finfo(torch.float8_e4m3fn).max  # 448
 _SCALE_DTYPE = torch.bfloat16  # float8's per-block scale
+
+
+def _bfloat16_floor(x: float) -> float:
+    """The largest bfloat16 value not above positive normal ``x`` (bfloat16 keeps 8 significant bits)."""
+    mantissa, exponent = math.frexp(x)  # x = mantissa * 2**exponent, 0.5 <= mantissa < 1
+    return math.ldexp(math.floor(math.ldexp(mantissa, 8)), exponent - 8)
+
+
+# float8's per-block scale lies in [_SCALE_MIN, _SCALE_MAX]: never zero or subnormal (a block of zeros or of
+# magnitudes below ~2e-38 would otherwise divide 0 by 0), and never so large that e4m3's 448 times it
+# overflows float32 (both bounds are bfloat16 values, so rounding the scale to bfloat16 keeps it inside).
+_SCALE_MIN = torch.finfo(_SCALE_DTYPE).tiny  # 2**-126, bfloat16's (and float32's) smallest normal
+_SCALE_MAX = _bfloat16_floor(torch.finfo(torch.float32).max / _FP8_MAX)  # 146 * 2**112: 448 * it < float32's max
 
 
 def index_dtype(block_numel: int) -> torch.dtype:
@@ -140,12 +155,20 @@ def decode_mask(packed: Tensor, block_numel: int) -> Tensor:
 
 def encode_values(values: Tensor, value_dtype: str) -> list[Tensor]:
     """The wire pieces of ``(N, k)`` values: the values in ``value_dtype``; for ``"float8"`` the e4m3 values and
-    the ``(N, 1)`` per-block scale (the block's largest magnitude maps to e4m3's largest)."""
+    the ``(N, 1)`` per-block scale (the block's largest magnitude maps to e4m3's largest).
+
+    The scale is ``bf16(clamp(largest / 448, 2**-126, 146 * 2**112))``: a normal number, so no value divides by
+    zero (a block whose largest magnitude is below ``448 * 2**-126`` ~ 5e-36 is sent at the smallest scale, and
+    what falls below half e4m3's smallest step there, ``2**-136``, becomes an exact zero that error feedback keeps
+    for later), and small enough that every e4m3 value times it is a finite float32. Finite values therefore
+    always decode to finite values; a value the rounded scale pushes past 448 is clamped to it (the sender
+    subtracts what arrives, so that too is sent later).
+    """
     if value_dtype != "float8":
         return [values.to(VALUE_DTYPES[value_dtype])]
     largest = values.abs().amax(dim=1, keepdim=True).float()
-    scale = torch.where(largest > 0, largest / _FP8_MAX, 1.0).to(_SCALE_DTYPE)
-    scaled = values.float().div_(scale.float()).clamp_(-_FP8_MAX, _FP8_MAX)
+    scale = largest.div_(_FP8_MAX).clamp_(_SCALE_MIN, _SCALE_MAX).to(_SCALE_DTYPE)
+    scaled = values.to(torch.float32, copy=True).div_(scale.float()).clamp_(-_FP8_MAX, _FP8_MAX)  # values kept
     return [scaled.to(torch.float8_e4m3fn), scale]
 
 
@@ -199,7 +222,9 @@ def scatter_masked(
     for row in range(bitmasks.shape[0]):
         mask = decode_mask(bitmasks[row], layout.block_numel).view(shape)
         target = (out if row == 0 else scratch).zero_()
-        layout.blocks(target).masked_scatter_(mask, decode_values([piece[row] for piece in pieces]).to(out.dtype))
+        # + 0.0 turns -0 into +0, as scatter_mean's add into zeros does: both decodes give the same bits (R = 1)
+        values = decode_values([piece[row] for piece in pieces]).to(out.dtype) + 0.0
+        layout.blocks(target).masked_scatter_(mask, values)
         if row:
             out.add_(target)
         if chooser is not None:

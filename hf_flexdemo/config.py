@@ -15,6 +15,8 @@ from .knobs import Consensus, DriftAction, Momentum, NonfiniteAction, Overlap, R
 
 Method = Literal["flexdemo", "demo", "adamw"]
 METHODS: tuple[str, ...] = get_args(Method)
+ReduceDtype = Literal["float32", "bfloat16"]
+REDUCE_DTYPES: tuple[str, ...] = get_args(ReduceDtype)
 
 
 def _knob(name: str) -> Any:
@@ -59,6 +61,11 @@ class FlexDeMoConfig:
         metadata={"help": "Processes per node (FSDP group size). Default: from the launcher (accelerate's "
                           "parallelism_config_dp_shard_size, else LOCAL_WORLD_SIZE)."},
     )
+    reduce_dtype: ReduceDtype = field(
+        default="float32",
+        metadata={"help": "method='adamw' only: dtype of FSDP2's gradient reduce-scatter and cross-node all-reduce "
+                          "(MixedPrecisionPolicy.reduce_dtype; float32 as torchtitan, bfloat16 halves the bytes)."},
+    )
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -67,8 +74,16 @@ class FlexDeMoConfig:
             raise ValueError(
                 f"FlexDeMoConfig: invalid shard_size={self.shard_size!r}; accepted: None or an integer >= 1."
             )
+        if self.reduce_dtype not in REDUCE_DTYPES:
+            raise ValueError(f"FlexDeMoConfig: invalid reduce_dtype={self.reduce_dtype!r}; accepted: "
+                             f"{' | '.join(REDUCE_DTYPES)}.")
+        if self.reduce_dtype != "float32" and self.method != "adamw":
+            raise ValueError(f"FlexDeMoConfig: reduce_dtype={self.reduce_dtype!r} with method={self.method!r}; "
+                             "accepted: reduce_dtype='float32' unless method='adamw' (it sets the AdamW-HSDP "
+                             "baseline's gradient reduction; FlexDeMo's exchange has its own wire type, "
+                             "value_dtype).")
         knobs.validate(self.optimizer_kwargs())
 
     def optimizer_kwargs(self) -> dict[str, Any]:
         """The FlexDeMo constructor arguments this config sets."""
-        return {k: v for k, v in asdict(self).items() if k not in ("method", "shard_size")}
+        return {k: v for k, v in asdict(self).items() if k not in ("method", "shard_size", "reduce_dtype")}

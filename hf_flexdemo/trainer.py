@@ -141,9 +141,13 @@ class FlexDeMoTrainer(Trainer):
         Accelerate's own wrapping puts the input embedding and the LM head in different FSDP groups,
         which tied embeddings (T5) do not allow; :func:`shard_model` keeps them in the root group.
         """
-        policy = MixedPrecisionPolicy()
+        # method="adamw" may reduce its gradients in bfloat16 (FlexDeMoConfig.reduce_dtype; float32 by default);
+        # FSDP2 casts them before the reduce-scatter and the cross-node all-reduce, and back to the parameters'.
+        bf16_reduce = self.flexdemo_config.reduce_dtype == "bfloat16"
+        policy = MixedPrecisionPolicy(reduce_dtype=torch.bfloat16 if bf16_reduce else None)  # None: the grads' dtype
         if self.accelerator.mixed_precision == "bf16":
-            policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                          reduce_dtype=torch.bfloat16 if bf16_reduce else torch.float32)
         shard_model(self.model, self.accelerator.torch_device_mesh, hsdp=self.flexdemo_config.method == "adamw",
                     mp_policy=policy)
         self.model._is_fsdp_managed_module = True  # Transformers' FSDP2 flag: generate() keeps ranks in step
@@ -265,10 +269,12 @@ class FlexDeMoTrainer(Trainer):
         if self.flexdemo_optimizer is not None and self.comm_metrics.total_bytes_sent:
             lines.append(f"- inter-node bytes sent (all ranks, as of the last log): "
                          f"{self.comm_metrics.total_bytes_sent:.4g}")
-            ratio = [e["flexdemo/compression_ratio"] for e in self.state.log_history
-                     if "flexdemo/compression_ratio" in e]
-            if ratio:
-                lines.append(f"- traffic vs a dense fp32 all-reduce: 1/{ratio[-1]:.1f}")
+            last = next((e for e in reversed(self.state.log_history) if "flexdemo/compression_ratio" in e), None)
+            if last is not None:
+                lines.append(f"- traffic vs a dense bf16 all-reduce (AdamW-HSDP, reduce_dtype=bfloat16): "
+                             f"1/{last['flexdemo/compression_ratio']:.1f}")
+                lines.append(f"- traffic vs a dense fp32 all-reduce (AdamW-HSDP, FSDP2's default): "
+                             f"1/{last['flexdemo/compression_ratio_fp32']:.1f}")
         return "\n".join(lines) + "\n"
 
 

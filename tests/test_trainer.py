@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import types
 
 import pytest
+import torch
 from tiny_model import tiny_t5
 from trainer_worker import reverse_task
 from transformers import TrainingArguments
 
-from hf_flexdemo import FlexDeMoConfig, FlexDeMoTrainer, checkpoint
+from hf_flexdemo import FlexDeMo, FlexDeMoConfig, FlexDeMoTrainer, checkpoint
+from hf_flexdemo.comm_metrics import CommMetricsCallback, dense_bf16_bytes
+from hf_flexdemo.replicate import dense_allreduce_bytes
 from hf_flexdemo.topology import Topology
 
 
@@ -34,11 +38,21 @@ def test_overlap_in_backward_refuses_gradient_clipping_it_would_skip(tmp_path):
     [({"method": "sgd"}, "method='sgd'; accepted: flexdemo | demo | adamw"),
      ({"shard_size": 0}, "shard_size=0; accepted: None or an integer >= 1"),
      ({"compression_topk": -1}, "compression_topk=-1; accepted: an integer >= 1"),
-     ({"update": "lion"}, "update='lion'; accepted: sign | sgd | adamw")],
+     ({"update": "lion"}, "update='lion'; accepted: sign | sgd | adamw"),
+     ({"method": "adamw", "reduce_dtype": "float16"}, "reduce_dtype='float16'; accepted: float32 | bfloat16"),
+     ({"reduce_dtype": "bfloat16"}, "reduce_dtype='bfloat16' with method='flexdemo'; accepted: reduce_dtype='float32' "
+                                    "unless method='adamw'"),
+     ({"method": "demo", "reduce_dtype": "bfloat16"}, "reduce_dtype='bfloat16' with method='demo'")],
 )
 def test_config_validates_every_knob(kwargs, message):
     with pytest.raises(ValueError, match=message):
         FlexDeMoConfig(**kwargs)
+
+
+def test_reduce_dtype_is_the_adamw_baselines_and_not_an_optimizer_knob():
+    assert FlexDeMoConfig().reduce_dtype == "float32"
+    assert FlexDeMoConfig(method="adamw", reduce_dtype="bfloat16").reduce_dtype == "bfloat16"
+    assert "reduce_dtype" not in FlexDeMoConfig().optimizer_kwargs()
 
 
 def test_shard_size_must_divide_the_world():
@@ -94,3 +108,26 @@ def test_one_process_trains_and_checkpoints(tmp_path):
     trainer.create_model_card(model_name="tiny")
     card = (tmp_path / "README.md").read_text()
     assert "## FlexDeMo training" in card and "1 node(s) x 1 process(es)" in card
+
+
+def test_compression_ratio_is_against_a_bf16_all_reduce_and_fp32_is_logged_too():
+    """Per rank and step the bf16 figure is ``dense_allreduce_bytes(numel, R, 2)``: the fp32 ``dense_bytes`` halved
+    and floored there (odd fp32 counts), before the sums over ranks and steps."""
+    for numel in (1, 7, 1000, 12345):
+        for replicas in (2, 3, 5, 7, 16):
+            assert dense_bf16_bytes(dense_allreduce_bytes(numel, replicas)) == dense_allreduce_bytes(numel, replicas, 2)
+    optimizer = FlexDeMo([torch.nn.Parameter(torch.zeros(4, 4))])
+    callback = CommMetricsCallback()
+    steps = [dense_allreduce_bytes(1001, 3), dense_allreduce_bytes(12345, 7)]  # 2668 and 84651: one odd
+    for dense in steps:
+        optimizer.comm_stats = {"bytes_sent": 100, "bytes_received": 100, "dense_bytes": dense}
+        callback.on_optimizer_step(None, None, None, optimizer=optimizer)
+    logs = callback.collect(torch.device("cpu"), optimizer)
+    bf16 = dense_allreduce_bytes(1001, 3, 2) + dense_allreduce_bytes(12345, 7, 2)
+    assert logs["flexdemo/compression_ratio"] == bf16 / 200 != sum(steps) / 2 / 200
+    assert logs["flexdemo/compression_ratio_fp32"] == sum(steps) / 200
+    fake = types.SimpleNamespace(flexdemo_config=FlexDeMoConfig(), topology=Topology(2, 2), comm_metrics=callback,
+                                 flexdemo_optimizer=optimizer, state=types.SimpleNamespace(log_history=[logs]))
+    card = FlexDeMoTrainer._model_card_section(fake)
+    assert f"vs a dense bf16 all-reduce (AdamW-HSDP, reduce_dtype=bfloat16): 1/{bf16 / 200:.1f}" in card
+    assert f"vs a dense fp32 all-reduce (AdamW-HSDP, FSDP2's default): 1/{sum(steps) / 200:.1f}" in card

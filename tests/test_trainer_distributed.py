@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from launch import WORKERS, accelerate_launch, run_worker
@@ -36,7 +38,11 @@ def test_flexdemo_trains_logs_traffic_and_keeps_replicas_identical(straight):
     for entry in logs:
         assert entry["flexdemo/bytes_sent"] == total_sent
         assert entry["flexdemo/bytes_received"] == sum(r["comm_stats"]["bytes_received"] for r in ranks)
-        assert entry["flexdemo/compression_ratio"] == pytest.approx(total_dense / total_sent)
+        # headline: vs a bf16 all-reduce of the same shards (per rank dense_allreduce_bytes(numel, R, 2): the fp32
+        # figure halved and floored, test_trainer.py)
+        total_bf16 = sum(r["comm_stats"]["dense_bytes"] // 2 for r in ranks)
+        assert entry["flexdemo/compression_ratio"] == pytest.approx(total_bf16 / total_sent)
+        assert entry["flexdemo/compression_ratio_fp32"] == pytest.approx(total_dense / total_sent)
         assert entry["flexdemo/comm_seconds"] > 0
     assert logs[-1]["flexdemo/total_bytes_sent"] == 20 * total_sent
     for a, b in [(0, 2), (1, 3)]:
@@ -80,6 +86,31 @@ def test_baselines_train_through_the_same_trainer(method, tmp_path):
         assert ranks[0]["comm_stats"]["collectives"] == 1 and ranks[0]["comm_stats"]["node_collectives"] == 0
     for other in ranks[1:]:
         for name, value in ranks[0]["params"].items():
+            assert torch.equal(value, other["params"][name]), name
+
+
+def test_adamw_baseline_reduces_gradients_in_bfloat16_when_asked(tmp_path):
+    """``reduce_dtype="bfloat16"`` (method="adamw"): FSDP2's policy casts the gradients to bfloat16 before the
+    reduce-scatter inside the node and the all-reduce across nodes (gloo runs both in bfloat16 on CPU), so every
+    reduced gradient the optimizer sees is a bfloat16 value; with the fp32 default almost none is, and training
+    differs."""
+    runs = {dtype: run_worker("trainer_worker", 4, tmp_path / dtype, "--output_dir", str(tmp_path / dtype / "run"),
+                              "--method", "adamw", "--steps", "4", "--lr", "3e-3", "--reduce_dtype", dtype)
+            for dtype in ("float32", "bfloat16")}
+    bf16, fp32 = runs["bfloat16"], runs["float32"]
+    assert bf16[0]["mp_policy"].reduce_dtype == torch.bfloat16 and bf16[0]["mp_policy"].param_dtype is None
+    assert fp32[0]["mp_policy"].reduce_dtype is None  # the gradients' own dtype: float32
+    assert bf16[0]["reduce_dtypes"] == ["torch.bfloat16"] and fp32[0]["reduce_dtypes"] == ["None"]
+    for rank in bf16:
+        assert rank["bf16_exact_grads"] == [True] * 4
+    for rank in fp32:
+        assert not any(rank["bf16_exact_grads"])
+    assert {v.dtype for v in bf16[0]["params"].values()} == {torch.float32}  # parameters stay float32
+    losses = list(_train_losses(bf16[0]["log_history"]).values())
+    assert all(map(math.isfinite, losses))
+    assert any(not torch.equal(value, fp32[0]["params"][name]) for name, value in bf16[0]["params"].items())
+    for other in bf16[1:]:  # every rank holds the same all-reduced parameters
+        for name, value in bf16[0]["params"].items():
             assert torch.equal(value, other["params"][name]), name
 
 

@@ -11,6 +11,7 @@ import torch.distributed as dist
 from datasets import Dataset
 from tiny_model import VOCAB_SIZE, tiny_t5
 from torch.distributed.tensor import DTensor
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 from transformers import TrainingArguments
 
 from hf_flexdemo import FlexDeMoConfig, FlexDeMoTrainer
@@ -26,6 +27,10 @@ def reverse_task(n: int) -> Dataset:
 def fixed_batch() -> dict[str, torch.Tensor]:
     ids = torch.tensor(reverse_task(4)["input_ids"])
     return {"input_ids": ids, "labels": ids.flip(1)}
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def main() -> None:
@@ -48,6 +53,7 @@ def main() -> None:
     parser.add_argument("--logging_steps", type=int, default=5)
     parser.add_argument("--overlap", default="none")
     parser.add_argument("--bucket_cap_mb", type=float, default=25.0)
+    parser.add_argument("--reduce_dtype", default="float32")
     args = parser.parse_args()
 
     training_args = TrainingArguments(
@@ -60,8 +66,13 @@ def main() -> None:
     )
     config = FlexDeMoConfig(method=args.method, compression_topk=args.topk or None, compression_chunk=8,
                             update=args.update, shard_size=args.shard_size or None, overlap=args.overlap,
-                            bucket_cap_mb=args.bucket_cap_mb)
+                            bucket_cap_mb=args.bucket_cap_mb, reduce_dtype=args.reduce_dtype)
     model = tiny_t5()
+    # Per optimizer step: whether every reduced gradient (this rank's shard) is exactly a bfloat16 value.
+    bf16_exact_grads = []
+    register_optimizer_step_pre_hook(lambda opt, *_: bf16_exact_grads.append(all(
+        bool((_local(p.grad).view(torch.int32) & 0xFFFF).eq(0).all())
+        for group in opt.param_groups for p in group["params"] if p.grad is not None)))
     trainer = FlexDeMoTrainer(model=model, args=training_args, train_dataset=reverse_task(512),
                               flexdemo_config=config)
     resume = {"true": True, None: None}.get(args.resume, args.resume)
@@ -80,6 +91,11 @@ def main() -> None:
         "comm_stats": None if opt is None else opt.comm_stats,
         "topology": trainer.topology.as_dict(),
         "fsdp": trainer.is_fsdp_enabled,
+        "mp_policy": trainer.model._get_fsdp_state()._mp_policy if trainer.is_fsdp_enabled else None,
+        "reduce_dtypes": sorted({str(m._get_fsdp_state()._fsdp_param_group._reduce_dtype)
+                                 for m in trainer.model.modules() if hasattr(m, "_get_fsdp_state")
+                                 and m._get_fsdp_state()._fsdp_param_group is not None}),
+        "bf16_exact_grads": bf16_exact_grads,
     }
     torch.save(result, args.out / f"rank{dist.get_rank()}.pt")
     if dist.get_rank() == 0:
