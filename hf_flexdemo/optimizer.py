@@ -143,9 +143,6 @@ class FlexDeMo(Optimizer):
                       "torch.float32 | torch.bfloat16 (fp16 needs a loss scaler that can skip a step on one "
                       "rank only and deadlock the others)")
         self.replicate = ReplicateGroup(replicate_group)
-        check(replicator != "none" or self.replicate.size == 1, "replicator", replicator,
-              "'demo' | 'random' | 'full' when the replicate group has more than one rank ('none' lets replicas "
-              "drift)")
         first = next(p for group in self.param_groups for p in group["params"])
         self._device = local_shard(first).device
         if shard_group is None and isinstance(first, DTensor) and first.device_mesh.ndim == 1:

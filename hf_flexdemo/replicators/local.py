@@ -10,14 +10,20 @@ from typing import Any
 
 from torch import Tensor
 
+from ..knobs import check
 from ..plan import Stack
-from ..replicate import CommStats
+from ..replicate import CommStats, ReplicateGroup
 from .base import Exchange, ShardTotals
 from .demo import DemoReplicator
 
 
 class LocalReplicator(DemoReplicator):
     name = "none"
+
+    def __init__(self, group: ReplicateGroup, **kwargs: object) -> None:
+        check(group.size == 1, "replicator", self.name, "'demo' | 'random' | 'full' when the replicate group has "
+              "more than one rank ('none' lets replicas drift)")
+        super().__init__(group, **kwargs)
 
     def start(self, stacks: list[Stack], trailer: list[Tensor], stats: CommStats) -> Exchange:
         return Exchange(stacks, None, trailer)

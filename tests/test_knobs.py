@@ -1,0 +1,73 @@
+"""One source of knobs: the registry of replicators, FlexDeMo's signature and FlexDeMoConfig agree with
+``hf_flexdemo.knobs``, and the optimizer never branches on a replicator's name."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+from pathlib import Path
+
+import pytest
+
+from hf_flexdemo import FlexDeMo, FlexDeMoConfig, knobs
+from hf_flexdemo.replicators import REGISTRY, Replicator
+
+
+def test_every_replicator_name_has_one_registered_class():
+    assert set(REGISTRY) == set(knobs.REPLICATORS)
+    for name, cls in REGISTRY.items():
+        assert issubclass(cls, Replicator) and cls.name == name
+        assert not inspect.isabstract(cls), f"{cls.__name__} leaves {sorted(cls.__abstractmethods__)} abstract"
+
+
+def test_flexdemo_keyword_defaults_are_the_knobs_defaults():
+    parameters = inspect.signature(FlexDeMo).parameters
+    knob_parameters = {name: p.default for name, p in parameters.items() if name in knobs.DEFAULTS}
+    assert knob_parameters == knobs.DEFAULTS  # every knob is a keyword, with the one default
+    assert set(parameters) - set(knobs.DEFAULTS) == {"params", "replicate_group", "shard_group"}
+
+
+def test_config_fields_default_to_the_knobs_defaults():
+    fields = {f.name: f.default for f in dataclasses.fields(FlexDeMoConfig)}
+    shared = {name: value for name, value in fields.items() if name in knobs.DEFAULTS}
+    # lr, weight_decay, betas and eps come from TrainingArguments; every other knob is a config field.
+    assert set(knobs.DEFAULTS) - set(shared) == {"lr", "weight_decay", "betas", "eps"}
+    assert shared == {name: knobs.DEFAULTS[name] for name in shared}
+    assert set(FlexDeMoConfig().optimizer_kwargs()) == set(shared)
+    for f in dataclasses.fields(FlexDeMoConfig):
+        if f.name in knobs.HELP:
+            assert f.metadata["help"] == knobs.HELP[f.name]
+
+
+def test_knob_kinds_partition_the_defaults():
+    assert set(knobs.PER_GROUP) | set(knobs.OPTIMIZER_WIDE) == set(knobs.DEFAULTS)
+    assert not set(knobs.PER_GROUP) & set(knobs.OPTIMIZER_WIDE)
+    assert set(knobs.HELP) == set(knobs.DEFAULTS)
+
+
+def test_the_optimizer_does_not_branch_on_a_replicator_name():
+    """A new replicator is a new module and a registry line: no string naming one appears in the optimizer."""
+    source = Path(inspect.getfile(FlexDeMo)).read_text()
+    names = {node.value for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Constant)}
+    assert not names & set(knobs.REPLICATORS), names & set(knobs.REPLICATORS)
+    assert "replicator ==" not in source and "replicator !=" not in source
+
+
+@pytest.mark.parametrize(("field", "value", "accepted"), [
+    ("replicator", "ring", "demo | random | full | none"),
+    ("compression_rate", 1.5, r"a float in \(0, 1\]"),
+    ("value_dtype", "int3", "auto | bfloat16 | float32 | float8"),
+])
+def test_one_validation_names_field_value_and_accepted_values(field, value, accepted):
+    for build in (lambda: FlexDeMoConfig(**{field: value}), lambda: knobs.validate({field: value})):
+        with pytest.raises(ValueError, match=rf"invalid {field}={value!r}; accepted: {accepted}"):
+            build()
+
+
+def test_optimizer_wide_knobs_are_refused_in_a_param_group():
+    import torch
+
+    weight = torch.nn.Parameter(torch.zeros(4, 4))
+    with pytest.raises(ValueError, match=r"param group keys=\['replicator'\].*optimizer-wide"):
+        FlexDeMo([{"params": [weight], "replicator": "full"}])
