@@ -11,12 +11,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, get_args
 
 from . import knobs
-from .knobs import Consensus, DriftAction, Momentum, NonfiniteAction, Overlap, Replicator, Update, ValueDtype
+from .knobs import Consensus, DriftAction, Momentum, NonfiniteAction, Overlap, Preset, Replicator, Update, ValueDtype
 
 Method = Literal["flexdemo", "demo", "adamw"]
 METHODS: tuple[str, ...] = get_args(Method)
 ReduceDtype = Literal["float32", "bfloat16"]
 REDUCE_DTYPES: tuple[str, ...] = get_args(ReduceDtype)
+_SETUP_FIELDS = ("method", "flexdemo_preset", "shard_size", "reduce_dtype")  # the rest are FlexDeMo's keywords
 
 
 def _knob(name: str) -> Any:
@@ -36,6 +37,8 @@ class FlexDeMoConfig:
     """
 
     method: Method = field(default="flexdemo", metadata={"help": "Training setup."})
+    # Named flexdemo_preset: the recipes' --preset names a data set of the paper.
+    flexdemo_preset: Preset = field(default="default", metadata={"help": knobs.PRESET_HELP})
     compression_rate: float | None = _knob("compression_rate")
     compression_topk: int | None = _knob("compression_topk")
     compression_chunk: int = _knob("compression_chunk")
@@ -82,8 +85,11 @@ class FlexDeMoConfig:
                              "accepted: reduce_dtype='float32' unless method='adamw' (it sets the AdamW-HSDP "
                              "baseline's gradient reduction; FlexDeMo's exchange has its own wire type, "
                              "value_dtype).")
+        preset = knobs.apply_preset(self.flexdemo_preset, self.optimizer_kwargs(), field="flexdemo_preset")
+        for key, value in preset.items():
+            setattr(self, key, value)  # the fields show the knobs in use (model card, results JSONs)
         knobs.validate(self.optimizer_kwargs())
 
     def optimizer_kwargs(self) -> dict[str, Any]:
         """The FlexDeMo constructor arguments this config sets."""
-        return {k: v for k, v in asdict(self).items() if k not in ("method", "shard_size", "reduce_dtype")}
+        return {k: v for k, v in asdict(self).items() if k not in _SETUP_FIELDS}

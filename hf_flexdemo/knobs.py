@@ -25,6 +25,7 @@ Consensus = Literal["choosers", "replicas"]
 ValueDtype = Literal["auto", "bfloat16", "float32", "float8"]  # "auto": float8 for replicator="demo", else bfloat16
 NonfiniteAction = Literal["skip", "raise"]
 DriftAction = Literal["raise", "resync"]
+Preset = Literal["default", "flexdemo-paper", "demo-paper"]
 
 UPDATES: tuple[str, ...] = get_args(Update)
 REPLICATORS: tuple[str, ...] = get_args(Replicator)
@@ -34,6 +35,7 @@ CONSENSUSES: tuple[str, ...] = get_args(Consensus)
 VALUE_DTYPE_CHOICES: tuple[str, ...] = get_args(ValueDtype)
 NONFINITE_ACTIONS: tuple[str, ...] = get_args(NonfiniteAction)
 DRIFT_ACTIONS: tuple[str, ...] = get_args(DriftAction)
+PRESET_NAMES: tuple[str, ...] = get_args(Preset)
 
 DEFAULT_RATE = 1 / 4  # the rate used when neither compression_rate, compression_topk nor a budget is set
 DEFAULT_CHUNK = 32
@@ -69,6 +71,28 @@ DEFAULTS: dict[str, Any] = {
 PER_GROUP: tuple[str, ...] = ("lr", "weight_decay", "betas", "eps", "compression_rate", "compression_topk",
                               "compression_chunk", "compression_decay", "compression_feedback", "momentum", "update")
 OPTIMIZER_WIDE: tuple[str, ...] = tuple(key for key in DEFAULTS if key not in PER_GROUP)
+
+
+# Named sets of knob values. The package default departs from the papers (AdamW's direction enters the momentum,
+# the consensus is the plain mean, the step is SGD on it, values travel in float8): README "Choosing the
+# defaults" has the measurements. These reproduce the published rules.
+PRESETS: dict[str, dict[str, Any]] = {
+    "default": {},
+    # FlexDeMo (arXiv 2502.06728) as its authors run it: DeMo's rule on FSDP shards at their effective density,
+    # 4 of every 64 coefficients (their FSDP1 shards are flat, so chunk 64 / top-k 4 keeps 1/16); float32 values.
+    "flexdemo-paper": {"momentum": "lr", "update": "sign", "consensus": "choosers", "compression_topk": 4,
+                       "compression_chunk": 8, "value_dtype": "float32", "compression_decay": 0.999},
+    # DeMo (arXiv 2411.19870)'s defaults: top-k 32 of each 64 x 64 block (1/128), sign-SGD, float32 values.
+    "demo-paper": {"momentum": "lr", "update": "sign", "consensus": "choosers", "compression_topk": 32,
+                   "compression_chunk": 64, "value_dtype": "float32", "compression_decay": 0.999},
+}
+
+
+def apply_preset(preset: str, values: dict[str, Any], *, field: str = "preset") -> dict[str, Any]:
+    """``values`` with the preset's knobs in place of those left at their default: a knob set to anything but
+    its default keeps the caller's value. ``field`` names the setting in an error."""
+    check(preset in PRESETS, field, preset, " | ".join(PRESETS))
+    return {**values, **{key: value for key, value in PRESETS[preset].items() if values[key] == DEFAULTS[key]}}
 
 
 def resolve_value_dtype(value_dtype: str, replicator: str) -> str:
@@ -186,3 +210,8 @@ HELP: dict[str, str] = {
     "drift_check_every": "Compare parameter fingerprints across nodes every N steps (0: never).",
     "on_drift": "Replicas found different: raise, or copy replica 0's values (resync).",
 }
+PRESET_HELP = ("A named set of knob values applied to the knobs left at their default: default (the package's "
+               "measured defaults), flexdemo-paper (the FlexDeMo authors' rule: momentum=lr, update=sign, "
+               "consensus=choosers, 4 of each 8 x 8 block, float32 values), demo-paper (DeMo's defaults: 32 of "
+               "each 64 x 64 block, sign, float32 values). A knob set to anything but its default overrides the "
+               "preset.")

@@ -60,6 +60,7 @@ from .knobs import (
     Momentum,
     NonfiniteAction,
     Overlap,
+    Preset,
     Replicator,
     Update,
     ValueDtype,
@@ -90,6 +91,8 @@ class FlexDeMo(Optimizer):
         replicate_group: process group of the replicas to exchange with; ``None`` for a single node.
         shard_group: the ranks of this node (FSDP's group), over which the non-finite flag is OR-ed;
             default: the 1-D device mesh of the ``DTensor`` parameters, ``None`` for plain tensors.
+        preset: a named set of knob values (:data:`hf_flexdemo.knobs.PRESETS`: ``"flexdemo-paper"``,
+            ``"demo-paper"``) for the knobs left at their default.
         lr, and every keyword after ``shard_group``: the knobs, each explained in :data:`hf_flexdemo.knobs.HELP`
             (the same text as ``FlexDeMoConfig``'s ``--help``), defaults in :data:`hf_flexdemo.knobs.DEFAULTS`.
     """
@@ -101,6 +104,7 @@ class FlexDeMo(Optimizer):
         *,
         replicate_group: dist.ProcessGroup | None = None,
         shard_group: dist.ProcessGroup | None = None,
+        preset: Preset = "default",
         compression_rate: float | None = _D["compression_rate"],
         compression_topk: int | None = _D["compression_topk"],
         compression_chunk: int = _D["compression_chunk"],
@@ -125,13 +129,14 @@ class FlexDeMo(Optimizer):
         drift_check_every: int = _D["drift_check_every"],
         on_drift: DriftAction = _D["on_drift"],
     ) -> None:
-        given = {key: value for key, value in locals().items() if key in DEFAULTS}
+        given = knobs.apply_preset(preset, {key: value for key, value in locals().items() if key in DEFAULTS})
         knobs.validate(given)
-        if compression_rate is None and compression_topk is None and budget_bytes is None and budget_fraction is None:
+        if all(given[key] is None for key in ("compression_rate", "compression_topk", "budget_bytes",
+                                              "budget_fraction")):
             given["compression_rate"] = DEFAULT_RATE
         super().__init__(params, {key: given[key] for key in PER_GROUP})
         # Once, so that state_dict records the wire actually used.
-        given["value_dtype"] = knobs.resolve_value_dtype(value_dtype, replicator)
+        given["value_dtype"] = knobs.resolve_value_dtype(given["value_dtype"], given["replicator"])
         self.options: dict[str, Any] = {key: given[key] for key in OPTIMIZER_WIDE}
         for group in self.param_groups:
             wide = sorted(set(group) & set(OPTIMIZER_WIDE))
@@ -155,7 +160,7 @@ class FlexDeMo(Optimizer):
         # is solved from the shard shapes when the plan is built.
         self._rate: float | None = None
         if budget_fraction is not None:
-            self._rate = min(max(compression_rate or DEFAULT_RATE, budget_min_rate), budget_max_rate)
+            self._rate = min(max(given["compression_rate"] or DEFAULT_RATE, budget_min_rate), budget_max_rate)
         self._stats = CommStats()  # the step being built (backward hooks count into it too)
         self._timing = torch.full((1,), -1.0, device=self._device)  # the last step's waited fraction (budget)
         self._last_step_end: float | None = None

@@ -25,7 +25,7 @@ def test_flexdemo_keyword_defaults_are_the_knobs_defaults():
     parameters = inspect.signature(FlexDeMo).parameters
     knob_parameters = {name: p.default for name, p in parameters.items() if name in knobs.DEFAULTS}
     assert knob_parameters == knobs.DEFAULTS  # every knob is a keyword, with the one default
-    assert set(parameters) - set(knobs.DEFAULTS) == {"params", "replicate_group", "shard_group"}
+    assert set(parameters) - set(knobs.DEFAULTS) == {"params", "replicate_group", "shard_group", "preset"}
 
 
 def test_config_fields_default_to_the_knobs_defaults():
@@ -71,3 +71,37 @@ def test_optimizer_wide_knobs_are_refused_in_a_param_group():
     weight = torch.nn.Parameter(torch.zeros(4, 4))
     with pytest.raises(ValueError, match=r"param group keys=\['replicator'\].*optimizer-wide"):
         FlexDeMo([{"params": [weight], "replicator": "full"}])
+
+
+PAPER = {"momentum": "lr", "update": "sign", "consensus": "choosers", "value_dtype": "float32",
+         "compression_decay": 0.999}
+
+
+@pytest.mark.parametrize(("preset", "documented"), [
+    ("default", {}),
+    ("flexdemo-paper", {**PAPER, "compression_topk": 4, "compression_chunk": 8}),  # 4 of 64: the authors' 1/16
+    ("demo-paper", {**PAPER, "compression_topk": 32, "compression_chunk": 64}),  # DeMo's 32 of 64 x 64
+])
+def test_presets_set_their_documented_knobs_in_the_config_and_the_optimizer(preset, documented):
+    import torch
+
+    config = FlexDeMoConfig(flexdemo_preset=preset)
+    assert config.optimizer_kwargs() == {**FlexDeMoConfig().optimizer_kwargs(), **documented}
+    opt = FlexDeMo([torch.nn.Parameter(torch.zeros(4, 4))], preset=preset)
+    expected = {**knobs.DEFAULTS, **documented}
+    assert {key: opt.param_groups[0][key] for key in knobs.PER_GROUP if key in documented} == {
+        key: expected[key] for key in knobs.PER_GROUP if key in documented}
+    assert {key: opt.options[key] for key in knobs.OPTIMIZER_WIDE if key in documented} == {
+        key: expected[key] for key in knobs.OPTIMIZER_WIDE if key in documented}
+
+
+def test_a_knob_set_by_the_caller_overrides_the_preset_and_a_bad_name_is_refused():
+    import torch
+
+    config = FlexDeMoConfig(flexdemo_preset="demo-paper", update="adamw")
+    assert config.update == "adamw" and config.compression_topk == 32
+    accepted = r"accepted: default \| flexdemo-paper \| demo-paper"
+    with pytest.raises(ValueError, match=rf"invalid flexdemo_preset='paper'; {accepted}"):
+        FlexDeMoConfig(flexdemo_preset="paper")
+    with pytest.raises(ValueError, match=rf"invalid preset='paper'; {accepted}"):
+        FlexDeMo([torch.nn.Parameter(torch.zeros(2))], preset="paper")

@@ -187,10 +187,9 @@ def case_detonation(args) -> dict:
     pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
     pair = pairs[rank // 2]
     single, _ = dist.new_subgroups(group_size=1)
-    lr, topk, chunk = 1e-3, 4, 8
+    lr, topk, chunk = 1e-3, 4, 8  # the preset's 4 of each 8 x 8 block
     ours, theirs = tiny_t5(), tiny_t5()
-    opt = FlexDeMo(ours.parameters(), lr=lr, replicate_group=pair, compression_topk=topk, compression_chunk=chunk,
-                   value_dtype="float32", update="sign", momentum="lr", consensus="choosers")  # DeToSGD's rule
+    opt = FlexDeMo(ours.parameters(), lr=lr, replicate_group=pair, preset="flexdemo-paper")  # DeToSGD's rule
     reference = de_to_sgd(list(theirs.parameters()), lr=lr, replicator=demo_replicator(
         compression_topk=topk, compression_chunk=chunk), sharding_parallel_group=single,
         replication_parallel_group=pair)
