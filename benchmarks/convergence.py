@@ -42,6 +42,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 MULTI30K = REPO.parent / "shared" / "data" / "multi30k"
 METHODS = ("adamw", "flexdemo", "demo")  # adamw first: the reference of the gap
+# "demo" is DeMo: its published rule and density (the demo-paper preset) on its topology (every rank a replica).
+METHOD_PRESETS = {"demo": "demo-paper"}
 NPROC, SHARD_SIZE = 4, 2  # 2 nodes x 2 processes
 GAP_TARGET_PCT = 2.0  # issue #9: FlexDeMo's final validation loss within 2 % of AdamW's
 BYTES_RATIO_TARGET = 8.0  # ... with at least 8x fewer inter-node bytes per step
@@ -151,8 +153,9 @@ def worker_args(args: argparse.Namespace, method: str, lr: float, bleu_samples: 
     }
     options |= {"method": method, "lr": lr, "bleu_samples": bleu_samples, "shard_size": SHARD_SIZE,
                 "output_dir": output_dir, "out": out}
-    return [str(HERE / "convergence_worker.py"), *(f"--{k}={v}" for k, v in options.items()),
-            *harness.flexdemo_flags(args.flexdemo)]
+    preset = [f"--flexdemo_preset={METHOD_PRESETS[method]}"] if method in METHOD_PRESETS else []
+    return [str(HERE / "convergence_worker.py"), *(f"--{k}={v}" for k, v in options.items()), *preset,
+            *harness.flexdemo_flags(args.flexdemo)]  # the user's --flexdemo flags come last: they win
 
 
 def run_method(args: argparse.Namespace, method: str, lr: float, bleu_samples: int, scratch: Path) -> dict[str, Any]:
