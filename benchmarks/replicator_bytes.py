@@ -127,10 +127,12 @@ def first_at_least(nodes: Sequence[int], left: dict[int, int], right: dict[int, 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
     header = ["R (nodes)", "demo (all-gather)", "random (all-reduce values)", "full (fp32 momentum)",
-              "AdamW-HSDP (dense fp32)", "dense / demo", "dense / random", "demo / random"]
+              "AdamW-HSDP (dense fp32)", "AdamW-HSDP (dense bf16)", "bf16 / demo", "fp32 / demo", "bf16 / random",
+              "demo / random"]
+    ratios = ("dense_bf16_over_demo", "dense_over_demo", "dense_bf16_over_random", "demo_over_random")
     return harness.markdown_table(header, [
-        [row["replicas"], *(f"{row['bytes'][m]:,}" for m in REPLICATORS),
-         *(f"{row[k]:.2f}" for k in ("dense_over_demo", "dense_over_random", "demo_over_random"))] for row in rows])
+        [row["replicas"], *(f"{row['bytes'][m]:,}" for m in (*REPLICATORS, "adamw_bf16")),
+         *(f"{row[k]:.2f}" for k in ratios)] for row in rows])
 
 
 def main() -> None:
@@ -165,6 +167,8 @@ def main() -> None:
     rows = [{
         "replicas": r,
         "bytes": table[r],
+        "dense_bf16_over_demo": table[r]["adamw_bf16"] / table[r]["demo"] if table[r]["demo"] else None,
+        "dense_bf16_over_random": table[r]["adamw_bf16"] / table[r]["random"] if table[r]["random"] else None,
         "dense_over_demo": table[r]["adamw"] / table[r]["demo"] if table[r]["demo"] else None,
         "dense_over_random": table[r]["adamw"] / table[r]["random"] if table[r]["random"] else None,
         "demo_over_random": table[r]["demo"] / table[r]["random"] if table[r]["random"] else None,
