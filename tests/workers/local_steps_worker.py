@@ -16,6 +16,13 @@ from hf_flexdemo import FlexDeMo, build_hybrid_mesh, shard_model
 NODES = ((0, 1), (2, 3))  # global ranks, node-major
 
 
+def loss64(model, step: int, rank: int) -> torch.Tensor:
+    """``mlp_loss`` on the same data, in float64."""
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    x, y = torch.randn(8, 10, generator=g).double(), torch.randn(8, 3, generator=g).double()
+    return ((model(x) - y) ** 2).mean()
+
+
 def case_averaging(args) -> dict:
     """``replicator="full"`` and outer SGD at lr 1: periodic averaging of two AdamW replicas, in float64.
 
@@ -37,7 +44,7 @@ def case_averaging(args) -> dict:
         for replica, adamw, ranks in zip(replicas, inner, NODES):
             adamw.zero_grad()
             for rank in ranks:
-                (mlp_loss(replica, step, rank) / len(ranks)).backward()
+                (loss64(replica, step, rank) / len(ranks)).backward()
             adamw.step()
         if (step + 1) % rounds == 0:
             with torch.no_grad():
@@ -51,21 +58,22 @@ def case_averaging(args) -> dict:
 
 
 def case_habits(args) -> dict:
-    """Per step: the collectives and host syncs of ``step()``, the traffic counters, and after every exchange the
-    full parameters (gathered outside the observed step)."""
+    """Per step of rounds 2 and 3: the collectives and host syncs of ``step()`` and the traffic counters; after every
+    exchange the full parameters (gathered outside the observed step)."""
     shard_size = {"2x2": 2, "1x4": 1}[args.topology]
     model, group = sharded(shard_size)
     opt = FlexDeMo(model.parameters(), lr=1e-3, replicate_group=group, local_steps=int(args.local_steps),
                    compression_rate=0.25, compression_chunk=8, value_dtype=args.value_dtype, drift_check_every=0)
     logs, stats, after_exchange = [], [], []
-    for step in range(2 * int(args.local_steps)):
+    for step in range(3 * int(args.local_steps)):  # the first round unobserved: it creates the state
         model(**batch(step, dist.get_rank())).loss.backward()
         log = {"collectives": [], "syncs": []}
         with observed(log, {id(state["step"]) for state in opt.state.values()}):
             opt.step()
         opt.zero_grad()
-        logs.append(log)
-        stats.append(opt.comm_stats)
+        if step >= opt.options["local_steps"]:
+            logs.append(log)
+            stats.append(opt.comm_stats)
         if opt.steps % opt.options["local_steps"] == 0:
             after_exchange.append({n: full(p) for n, p in model.named_parameters()})
     shapes = [tuple(local(p).shape) for p in model.parameters()]
