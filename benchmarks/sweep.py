@@ -11,6 +11,7 @@ header, and each run its invocation's index (``invocation``), so a run names the
     python benchmarks/sweep.py density    # rate x block x lr x replicator, 300 steps: ~3 min per run on 2 cores
     python benchmarks/sweep.py levers     # what closes the gap over 1,000 steps: ~10 min per run
     python benchmarks/sweep.py overlap    # when the exchange runs (none / backward / delayed), 300 steps
+    python benchmarks/sweep.py local      # local steps H x rate x value bits x outer rule, 300 steps (55 runs)
     python benchmarks/sweep.py levers --only "flexdemo lr=0.003 compression_feedback=0.2 momentum=ema"
 """
 
@@ -33,7 +34,9 @@ QUICK = ["--quick", "--bleu_samples", "0"]
 LONG = [*QUICK, "--max_steps", "1000", "--eval_steps", "100", "--warmup_steps", "50", "--timeout_s", "2400"]
 OLD_DEFAULT = {"compression_topk": 4, "compression_chunk": 64}  # the first release: 4 of 64 x 64 = 1/1024
 V2 = {"momentum": "ema", "compression_feedback": 0.2, "update": "sign"}  # DeMo's second version (arXiv 2411.19870v2)
-RULE = {"update": "rmsprop"}  # the update rule the long runs picked (grid "levers")
+RULE = {"update": "rmsprop"}
+# grid "local": the outer rules, SparseLoCo's (the mean, error feedback as the momentum) and DiLoCo's Nesterov
+OUTER = ({}, {"outer_lr": 0.7, "outer_momentum": 0.9})  # the update rule the long runs picked (grid "levers")
 TRAINING_KNOBS = ("adam_beta1", "seed")  # TrainingArguments fields: convergence.py flags, not FlexDeMoConfig fields
 
 
@@ -155,6 +158,18 @@ GRIDS: dict[str, dict[str, Any]] = {
         "argv": QUICK,
         "runs": [_run("adamw", 3e-3), *(_run("flexdemo", 3e-3, overlap=o) for o in ("none", "delayed")),
                  _run("flexdemo", 1e-3, overlap="delayed")],  # does a stale update want a smaller step?
+    },
+    # Local steps (DESIGN.md section 8): H inner AdamW steps at AdamW's lr, then the pseudo-gradient's top rate of
+    # each 32 x 32 block at 8 (float8), 4 or 2 bits. H = 1 is the step-wise default, where the outer rule is unused.
+    "local": {
+        "argv": QUICK,
+        "runs": [
+            _run("adamw", 3e-3),
+            *(_run("flexdemo", 3e-3, local_steps=steps, compression_rate=rate, compression_chunk=32,
+                   value_dtype=value_dtype, **outer)
+              for steps in (1, 2, 4, 8, 16) for rate in (1 / 4, 1 / 16) for value_dtype in ("float8", "int4", "int2")
+              for outer in (OUTER if steps > 1 else OUTER[:1])),
+        ],
     },
 }
 

@@ -7,8 +7,9 @@ On the wire (``replicator="demo"``), a block's positions are ``k`` in-block indi
 or, when smaller, a bitmask of the block (one bit per coefficient: at rate 1/8 of 8 x 8 the same 8 bytes as the
 indices, at the default 1/4 of 32 x 32 a quarter of int16 indices). Values are ``bfloat16``, ``float32``, or
 ``float8``: e4m3 with one bfloat16 scale per block that maps the block's largest magnitude to e4m3's largest (a
-normal number at any magnitude, so finite values decode finite), so a coefficient costs one byte; the sender's
-error feedback subtracts the values as they arrive, so what rounding loses is sent later.
+normal number at any magnitude, so finite values decode finite), so a coefficient costs one byte; ``int4``/``int2``
+pack 2 or 4 values per byte with a scale per block (:mod:`hf_flexdemo.quantize`). The sender's error feedback
+subtracts the values as they arrive, so what rounding loses is sent later.
 
 * ``select_topk`` picks the ``k`` coefficients of largest magnitude in every block (``replicator="demo"``);
 * ``select_random`` picks ``k`` positions per block from a generator every replica seeds identically, so
@@ -34,6 +35,7 @@ import math
 import torch
 from torch import Tensor
 
+from . import quantize
 from .dct import BlockLayout
 from .knobs import Consensus
 
@@ -76,13 +78,16 @@ def uses_bitmask(block_numel: int, k: int) -> bool:
 def block_payload_bytes(block_numel: int, k: int, value_dtype: str) -> int:
     """Wire bytes of one block: positions (indices or bitmask), ``k`` values and float8's scale."""
     positions = _bitmask_bytes(block_numel) if uses_bitmask(block_numel, k) else k * index_dtype(block_numel).itemsize
+    if value_dtype in quantize.WIDTHS:
+        return positions + quantize.payload_bytes(k, value_dtype)
     scale = _SCALE_DTYPE.itemsize if value_dtype == "float8" else 0
     return positions + k * VALUE_DTYPES[value_dtype].itemsize + scale
 
 
 def transform_dtype(value_dtype: str) -> torch.dtype:
-    """The dtype the DCT and the selection run in: the wire's, bfloat16 for float8 (scaled as it is encoded)."""
-    return torch.bfloat16 if value_dtype == "float8" else VALUE_DTYPES[value_dtype]
+    """The dtype the DCT and the selection run in: the wire's, bfloat16 for float8, int4 and int2 (scaled as they are
+    encoded)."""
+    return VALUE_DTYPES[value_dtype] if value_dtype in ("bfloat16", "float32") else torch.bfloat16
 
 
 def kept_per_block(block_numel: int, rate: float | None, topk: int | None) -> int:
@@ -155,15 +160,18 @@ def decode_mask(packed: Tensor, block_numel: int) -> Tensor:
 
 def encode_values(values: Tensor, value_dtype: str) -> list[Tensor]:
     """The wire pieces of ``(N, k)`` values: the values in ``value_dtype``; for ``"float8"`` the e4m3 values and
-    the ``(N, 1)`` per-block scale (the block's largest magnitude maps to e4m3's largest).
+    the ``(N, 1)`` per-block scale (the block's largest magnitude maps to e4m3's largest); ``"int4"``/``"int2"``:
+    :func:`hf_flexdemo.quantize.encode`'s pieces.
 
-    The scale is ``bf16(clamp(largest / 448, 2**-126, 146 * 2**112))``: a normal number, so no value divides by
-    zero (a block whose largest magnitude is below ``448 * 2**-126`` ~ 5e-36 is sent at the smallest scale, and
+    The float8 scale is ``bf16(clamp(largest / 448, 2**-126, 146 * 2**112))``: a normal number, so no value divides
+    by zero (a block whose largest magnitude is below ``448 * 2**-126`` ~ 5e-36 is sent at the smallest scale, and
     what falls below half e4m3's smallest step there, ``2**-136``, becomes an exact zero that error feedback keeps
     for later), and small enough that every e4m3 value times it is a finite float32. Finite values therefore
     always decode to finite values; a value the rounded scale pushes past 448 is clamped to it (the sender
     subtracts what arrives, so that too is sent later).
     """
+    if value_dtype in quantize.WIDTHS:
+        return quantize.encode(values, value_dtype)
     if value_dtype != "float8":
         return [values.to(VALUE_DTYPES[value_dtype])]
     largest = values.abs().amax(dim=1, keepdim=True).float()
@@ -173,10 +181,13 @@ def encode_values(values: Tensor, value_dtype: str) -> list[Tensor]:
 
 
 def decode_values(pieces: list[Tensor]) -> Tensor:
-    """The values that :func:`encode_values`'s ``pieces`` carry (any leading dimensions): float32 for float8, else
+    """The values that :func:`encode_values`'s ``pieces`` carry (any leading dimensions): float32 for float8, int4 and
+    int2, else
     the wire's type (the decode converts them one replica at a time)."""
     if len(pieces) == 1:
         return pieces[0]
+    if len(pieces) == 3:
+        return quantize.decode(pieces)
     values, scale = pieces
     return values.float().mul_(scale.float())
 
@@ -245,7 +256,7 @@ def decode(
     :func:`encode_values` pieces with a leading ``R``. Dispatches to :func:`scatter_masked` or
     :func:`scatter_mean`; ``scratch`` and ``counts`` are buffers of ``out``'s size (``counts`` only for
     ``over="choosers"`` with ``R > 1``)."""
-    k = pieces[0].shape[-1]
+    k = quantize.count(pieces) if len(pieces) == 3 else pieces[0].shape[-1]
     if uses_bitmask(layout.block_numel, k):
         return scatter_masked(where, pieces, layout, out=out, scratch=scratch, counts=counts, over=over)
     positions = torch.stack([layout.flat_positions(out.shape[0], i.long()).view(-1) for i in where])

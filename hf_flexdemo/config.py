@@ -59,6 +59,9 @@ class FlexDeMoConfig:
     on_nonfinite: NonfiniteAction = _knob("on_nonfinite")
     drift_check_every: int = _knob("drift_check_every")
     on_drift: DriftAction = _knob("on_drift")
+    local_steps: int = _knob("local_steps")
+    outer_lr: float = _knob("outer_lr")
+    outer_momentum: float = _knob("outer_momentum")
     shard_size: int | None = field(
         default=None,
         metadata={"help": "Processes per node (FSDP group size). Default: from the launcher (accelerate's "

@@ -22,7 +22,8 @@ Replicator = Literal["demo", "random", "full", "none"]
 Momentum = Literal["lr", "ema", "avg", "adam"]
 Overlap = Literal["none", "backward", "delayed"]
 Consensus = Literal["choosers", "replicas"]
-ValueDtype = Literal["auto", "bfloat16", "float32", "float8"]  # "auto": float8 for replicator="demo", else bfloat16
+# "auto": float8 for replicator="demo", else bfloat16
+ValueDtype = Literal["auto", "bfloat16", "float32", "float8", "int4", "int2"]
 NonfiniteAction = Literal["skip", "raise"]
 DriftAction = Literal["raise", "resync"]
 Preset = Literal["default", "flexdemo-paper", "demo-paper"]
@@ -39,6 +40,7 @@ PRESET_NAMES: tuple[str, ...] = get_args(Preset)
 
 DEFAULT_RATE = 1 / 4  # the rate used when neither compression_rate, compression_topk nor a budget is set
 DEFAULT_CHUNK = 32
+SCALED_VALUE_DTYPES = ("float8", "int4", "int2")  # a scale per block: demo's all-gather only, not random's sum
 
 DEFAULTS: dict[str, Any] = {
     # per parameter group
@@ -67,6 +69,9 @@ DEFAULTS: dict[str, Any] = {
     "on_nonfinite": "skip",
     "drift_check_every": 100,
     "on_drift": "raise",
+    "local_steps": 1,
+    "outer_lr": 1.0,
+    "outer_momentum": 0.0,
 }
 PER_GROUP: tuple[str, ...] = ("lr", "weight_decay", "betas", "eps", "compression_rate", "compression_topk",
                               "compression_chunk", "compression_decay", "compression_feedback", "momentum", "update")
@@ -147,6 +152,10 @@ def validate(knobs: Mapping[str, Any]) -> None:
                          "None or an integer > 0 (inter-node bytes per step and rank)"),
         "budget_fraction": (lambda v: v is None or (_number(v) and 0 < v < 1),
                             "None or a float in (0, 1) (of the step time)"),
+        "local_steps": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+                        "an integer >= 1 (1: exchange every step)"),
+        "outer_lr": (lambda v: _number(v) and v > 0, "a float > 0 (1.0: the anchor moves by the mean)"),
+        "outer_momentum": (lambda v: _number(v) and 0.0 <= v < 1.0, "a float in [0, 1) (0: no outer momentum)"),
     }
     for name, (ok, accepted) in ranges.items():
         if name in knobs:
@@ -159,9 +168,14 @@ def validate(knobs: Mapping[str, Any]) -> None:
         low, high = get("budget_min_rate"), get("budget_max_rate")
         check(_number(low) and _number(high) and 0 < low <= high <= 1, "budget_min_rate, budget_max_rate",
                (low, high), "0 < budget_min_rate <= budget_max_rate <= 1")
-    check(get("value_dtype") != "float8" or get("replicator") != "random", "value_dtype", get("value_dtype"),
-           "'bfloat16' | 'float32' with replicator='random' (its all-reduce sums values; float8's per-block "
-           "scales do not add up), or replicator='demo' for float8")
+    check(get("value_dtype") not in SCALED_VALUE_DTYPES or get("replicator") != "random", "value_dtype",
+          get("value_dtype"), "'bfloat16' | 'float32' with replicator='random' (its all-reduce sums values; "
+          "per-block scales do not add up), or replicator='demo' for float8 | int4 | int2")
+    if get("local_steps", 1) > 1:
+        check(get("overlap") in ("none", None), "overlap", get("overlap"),
+              "'none' with local_steps > 1 (the exchange runs once a round, inside step())")
+        check(get("budget_fraction") is None, "budget_fraction", get("budget_fraction"),
+              "None with local_steps > 1 (a time budget measures every step's exchange)")
     if get("budget_bytes") is not None or get("budget_fraction") is not None:
         check(get("budget_bytes") is None or get("budget_fraction") is None, "budget_bytes, budget_fraction",
                (get("budget_bytes"), get("budget_fraction")), "one of them (the other None)")
@@ -193,8 +207,9 @@ HELP: dict[str, str] = {
                   "all-reduce of the values), full (dense average), none (a single node).",
     "consensus": "replicator='demo': a coefficient is the mean over the replicas that chose it (choosers, DeMo) "
                  "or over all replicas (replicas: the mean momentum).",
-    "value_dtype": "Wire type of coefficients (float8: e4m3 with a bfloat16 scale per block, demo only; auto: "
-                   "float8 for replicator='demo', else bfloat16).",
+    "value_dtype": "Wire type of coefficients (float8: e4m3 with a bfloat16 scale per block; int4/int2: 4 or 2 "
+                   "bits with a bfloat16 scale per block; these three demo only; auto: float8 for "
+                   "replicator='demo', else bfloat16).",
     "replicator_seed": "Seed of replicator='random''s shared positions (the same on every replica).",
     "overlap": "When the exchange runs: in step() (none), started per bucket during backward (backward: the "
                "same update; gradients are read when FSDP2 finalises them, so clipping does not reach the "
@@ -209,6 +224,12 @@ HELP: dict[str, str] = {
     "on_nonfinite": "A NaN/Inf gradient on any rank: every rank skips the step (skip), or raises (raise).",
     "drift_check_every": "Compare parameter fingerprints across nodes every N steps (0: never).",
     "on_drift": "Replicas found different: raise, or copy replica 0's values (resync).",
+    "local_steps": "Local steps H: each node takes H AdamW steps on its own (no traffic), then the pseudo-gradient "
+                   "(anchor - local) enters error feedback, is compressed by the replicator and exchanged once, "
+                   "and every node restarts from the updated anchor (DiLoCo / SparseLoCo). 1: exchange every step.",
+    "outer_lr": "local_steps > 1: the anchor moves by outer_lr times the replicas' mean pseudo-gradient.",
+    "outer_momentum": "local_steps > 1: Nesterov momentum of that outer step (DiLoCo: outer_lr 0.7, 0.9); 0: plain "
+                      "averaging with error feedback (SparseLoCo).",
 }
 PRESET_HELP = ("A named set of knob values applied to the knobs left at their default: default (the package's "
                "measured defaults), flexdemo-paper (the FlexDeMo authors' rule: momentum=lr, update=sign, "

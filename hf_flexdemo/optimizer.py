@@ -49,7 +49,7 @@ from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 from torch.profiler import record_function
 
-from . import budget, compression, guards, knobs
+from . import budget, compression, guards, knobs, local_steps
 from .knobs import (
     DEFAULT_RATE,
     DEFAULTS,
@@ -77,7 +77,7 @@ PARAM_DTYPES = (torch.float32, torch.bfloat16)
 MOMENT_KEYS = ("grad_avg", "grad_avg_sq")
 # State held until overlap="delayed" applies it (see state_dict), and what stays float32 whatever the params.
 PENDING_KEYS = ("pending_delta", "pending_update", *(f"pending_{key}" for key in MOMENT_KEYS))
-FLOAT32_KEYS = ("delta", *MOMENT_KEYS, *PENDING_KEYS)
+FLOAT32_KEYS = ("delta", *MOMENT_KEYS, *PENDING_KEYS, *local_steps.FLOAT32_KEYS)
 _D = DEFAULTS
 
 
@@ -128,6 +128,9 @@ class FlexDeMo(Optimizer):
         on_nonfinite: NonfiniteAction = _D["on_nonfinite"],
         drift_check_every: int = _D["drift_check_every"],
         on_drift: DriftAction = _D["on_drift"],
+        local_steps: int = _D["local_steps"],
+        outer_lr: float = _D["outer_lr"],
+        outer_momentum: float = _D["outer_momentum"],
     ) -> None:
         given = knobs.apply_preset(preset, {key: value for key, value in locals().items() if key in DEFAULTS})
         knobs.validate(given)
@@ -179,6 +182,8 @@ class FlexDeMo(Optimizer):
         self._next_launch = 0  # buckets are launched in plan order, so every replica issues the same sequence
         self._in_flight = _InFlight(self._replicator, self._workspace, self._device)
         self._pending: dict[str, Any] | None = None  # overlap="delayed": the resolved consensus awaiting its step
+        # local_steps > 1: inner AdamW steps and an exchange per round (hf_flexdemo.local_steps)
+        self._local = local_steps.LocalSteps(self) if self.options["local_steps"] > 1 else None
         for handle in self._hooks:
             handle.remove()
         self._hooks = []
@@ -215,6 +220,8 @@ class FlexDeMo(Optimizer):
         state = super().state_dict()
         state["flexdemo"] = {"options": dict(self.options), "steps": self.steps, "skipped_steps": self.skipped_steps,
                              "rate": self._rate, "pending": self._pending}
+        if self._local is not None:
+            self._local.save(state)
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -241,6 +248,8 @@ class FlexDeMo(Optimizer):
         self._rate = counters.get("rate")
         self._reset()  # on the loaded options and state
         self._pending = counters.get("pending")
+        if self._local is not None:
+            self._local.load(state_dict)
 
     def pop_exchange_seconds(self) -> float:
         """Seconds this rank waited for inter-node collectives since the last call (syncs on CUDA)."""
@@ -251,7 +260,8 @@ class FlexDeMo(Optimizer):
     def _buckets(self) -> list[Bucket]:
         """The exchange plan (:func:`hf_flexdemo.plan.build_plan`), built once on the first step."""
         if self._plan is None:
-            self._plan = build_plan(self.param_groups, lambda p, group: new_state(self.state[p], p, group),
+            fill = new_state if self._local is None else self._local.new_state
+            self._plan = build_plan(self.param_groups, lambda p, group: fill(self.state[p], p, group),
                                     bucket_cap_mb=self.options["bucket_cap_mb"],
                                     hook_shards=self.options["overlap"] == "backward")
             self._bucket_of = {id(p): bucket for bucket in self._plan for p in bucket.params}
@@ -307,11 +317,14 @@ class FlexDeMo(Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        every = self.options["drift_check_every"]
-        if every and self.steps % every == 0:
+        # every N steps; with local steps, at the first round boundary (where replicas agree) from there on
+        every, rounds = self.options["drift_check_every"], self.options["local_steps"]
+        if every and self.steps % rounds == 0 and self.steps % every < rounds:
             self._check_drift()
         plan = self._buckets()
-        if self.options["overlap"] == "delayed":
+        if self._local is not None:
+            self._local.step(plan)
+        elif self.options["overlap"] == "delayed":
             if self._in_flight.exchanges:
                 self._hold()
             if self._pending is not None:
@@ -342,20 +355,25 @@ class FlexDeMo(Optimizer):
                                           options["budget_min_rate"], options["budget_max_rate"])
         return stacks, received, skip, own_nonfinite
 
-    def _resolve_and_apply(self) -> None:
-        """Wait for this step's exchanges, decide, then decode and apply stack by stack."""
+    def _resolve_and_apply(self, rule: Callable[[Stack, Tensor], None] | None = None) -> bool:
+        """Wait for this step's exchanges, decide, then decode and apply stack by stack (``rule(stack, Q)``;
+        default: the group's update); whether the step was skipped."""
         stacks, received, skip, own_nonfinite = self._resolve()
         if skip:
             self._skip(self.steps, own_nonfinite)
             for stack in stacks:
                 stack.discard()
-            return
+            return True
         for stack, payload in zip(stacks, received):
             with record_function("FlexDeMo::decode"):
                 q = self._replicator.decode(stack, payload, workspace=self._workspace)
             with record_function("FlexDeMo::apply"):
                 stack.commit(spent=self._replicator.spends_momentum)
-                stack.apply(q, stack.lr, self._workspace)
+                if rule is None:
+                    stack.apply(q, stack.lr, self._workspace)
+                else:
+                    rule(stack, q)
+        return False
 
     def _hold(self) -> None:
         """``overlap="delayed"``: wait for the exchange in flight, decide, and keep the decoded consensus and
@@ -442,13 +460,13 @@ class _InFlight:
         self.flags: list[Tensor] = []  # this rank's own non-finite flags
 
     def launch(self, stacks: list[Stack], *, kept: Callable[[Stack], int], step: int, timing: list[Tensor],
-               stats: CommStats) -> None:
-        """The new momentum and payload of every stack, then their collective, the non-finite flag (and a time
+               stats: CommStats, momentum: Callable[[Stack], Tensor] = Stack.new_momentum) -> None:
+        """The new ``momentum`` and payload of every stack, then their collective, the non-finite flag (and a time
         budget's ``timing``) riding in it. Non-finite values are zeroed before they are encoded."""
         replicator, payloads = self.replicator, []
         with record_function("FlexDeMo::compress"):
             for stack in stacks:
-                stack.momentum, stack.lr = stack.new_momentum(), stack.group["lr"]
+                stack.momentum, stack.lr = momentum(stack), stack.group["lr"]
                 payloads.append(replicator.select(stack, k=kept(stack), step=step, workspace=self.workspace))
             flag = guards.nonfinite(payloads, self.device)
             for values in payloads:

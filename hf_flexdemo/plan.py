@@ -71,13 +71,15 @@ class Stack:
         """The state the step in flight commits, per key: the new momentum's rows and any new moments."""
         return {"delta": list(self.momentum.unbind(0)), **(self.moments or {})}
 
+    def take_spare(self) -> Tensor:
+        """The buffer a new candidate momentum is built in (the previous momentum's, once committed)."""
+        spare, self.spare = self.spare, None
+        return spare if spare is not None and spare.shape == self.delta.shape else torch.empty_like(self.delta)
+
     def new_momentum(self) -> Tensor:
         """The candidate momentum ``beta * delta + scale * x`` in the spare buffer (``x``: the gradient, or AdamW's
         ``m`` or direction, whose new moments become ``moments``): the old momentum survives a skipped step."""
-        group = self.group
-        spare, self.spare = self.spare, None
-        if spare is None or spare.shape != self.delta.shape:
-            spare = torch.empty_like(self.delta)
+        group, spare = self.group, self.take_spare()
         if group["momentum"] in ("avg", "adam"):
             (beta1, beta2), states = group["betas"], self.states
             entering, self.moments = F.adam_direction(

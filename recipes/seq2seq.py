@@ -84,7 +84,7 @@ def recipe_defaults(task: str, given: dict[str, Any]) -> dict[str, Any]:
     if not set(PHASES) & set(given):
         defaults |= {"do_train": True, "do_eval": True}
     if data_args.uses_number_words:
-        if flexdemo_config.method == "adamw":
+        if flexdemo_config.method == "adamw" or flexdemo_config.local_steps > 1:  # local steps: AdamW inside
             lr = NUMBER_WORDS_ADAMW_LR
         elif flexdemo_config.momentum in ("avg", "adam"):
             lr = NUMBER_WORDS_ADAM_LR

@@ -1,0 +1,67 @@
+"""Low-bit wire values: ``value_dtype="int4"`` and ``"int2"``, uniform and symmetric with one scale per block.
+
+A block's ``k`` values become codes ``c`` in ``[0, 2**bits)`` standing for ``(c - offset) * scale``, where
+``offset = (2**bits - 1) / 2``: a mid-rise grid (+-0.5, +-1.5 scales at 2 bits; +-0.5 ... +-7.5 at 4 bits)
+that spends every code on a magnitude, since the values sent are each block's largest. The scale maps the
+block's largest magnitude to the outermost level and travels in bfloat16; it is never below bfloat16's
+smallest normal, so no block decodes to 0 * inf or a subnormal, and never so large that the outermost level
+overflows float32, so finite values always decode finite. Codes are packed ``8 / bits`` to a byte.
+
+The wire pieces are ``[codes, scale, shape]``: ``shape`` is an empty ``(0, bits, k)`` tensor (zero bytes on the
+wire) that tells :func:`decode` the width and the count of values, as the pieces of the other value types
+tell theirs by their own dtype and shape. The sender's error feedback subtracts :func:`decode` of its own
+pieces, the function every receiver runs, so what is sent and what is subtracted are the same bits.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+WIDTHS: dict[str, int] = {"int4": 4, "int2": 2}
+SCALE_DTYPE = torch.bfloat16
+_SMALLEST_SCALE = torch.finfo(SCALE_DTYPE).tiny  # bfloat16's smallest normal
+# Below float32's largest by more than bfloat16's rounding (2**-8), so the outermost level times the rounded scale
+# stays finite.
+_LARGEST_LEVEL = torch.finfo(torch.float32).max * (1 - 2**-7)
+
+
+def _offset(bits: int) -> float:
+    return (2**bits - 1) / 2
+
+
+def payload_bytes(k: int, value_dtype: str) -> int:
+    """Wire bytes of one block's ``k`` values and its scale."""
+    per_byte = 8 // WIDTHS[value_dtype]
+    return -(-k // per_byte) + SCALE_DTYPE.itemsize
+
+
+def encode(values: Tensor, value_dtype: str) -> list[Tensor]:
+    """The wire pieces (``[codes, scale, shape]``, see the module docstring) of ``(N, k)`` values."""
+    bits = WIDTHS[value_dtype]
+    count, k = values.shape
+    offset, per_byte = _offset(bits), 8 // bits
+    largest = values.abs().amax(dim=1, keepdim=True).float()
+    scale = (largest / offset).clamp_(min=_SMALLEST_SCALE, max=_LARGEST_LEVEL / offset).to(SCALE_DTYPE)
+    codes = (values.float() / scale.float()).add_(offset).round_().clamp_(0, 2**bits - 1).to(torch.uint8)
+    padded = torch.zeros(count, -(-k // per_byte) * per_byte, dtype=torch.uint8, device=values.device)
+    padded[:, :k] = codes
+    lanes = padded.view(count, -1, per_byte)
+    packed = lanes[..., 0].clone()
+    for lane in range(1, per_byte):
+        packed.bitwise_or_(lanes[..., lane] << (bits * lane))
+    return [packed, scale, values.new_empty((0, bits, k), dtype=torch.uint8)]
+
+
+def decode(pieces: list[Tensor]) -> Tensor:
+    """The float32 values of :func:`encode`'s pieces, ``(..., N, k)`` for any leading dimensions."""
+    packed, scale, shape = pieces
+    bits, k = shape.shape[-2:]
+    shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=packed.device)
+    codes = (packed.unsqueeze(-1) >> shifts).bitwise_and_(2**bits - 1).flatten(-2)[..., :k]
+    return codes.float().sub_(_offset(bits)).mul_(scale.float())
+
+
+def count(pieces: list[Tensor]) -> int:
+    """Values per block that ``pieces`` carry."""
+    return pieces[2].shape[-1]

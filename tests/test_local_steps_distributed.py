@@ -1,0 +1,80 @@
+"""``local_steps=H`` on 2 nodes x 2 processes (FSDP2 shards): periodic averaging against float64, replicas
+bit-identical after every exchange, nothing crosses nodes in an inner step, the bytes of the formula on exchange
+steps only, and a resume in the middle of a round."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from launch import run_worker
+from test_step_habits import GATHER, _crosses_nodes
+
+from hf_flexdemo.replicators import exchange_bytes
+
+pytestmark = pytest.mark.multiprocess
+
+CASES = ["averaging", "habits,topology=2x2,value_dtype=int2", "habits,topology=1x4,value_dtype=int4,local_steps=2",
+         "resume,value_dtype=int4"]
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory):
+    args = [a for case in CASES for a in ("--case", case)]
+    return run_worker("local_steps_worker", 4, tmp_path_factory.mktemp("local_steps"), *args, timeout=600)
+
+
+def test_full_replicator_with_outer_sgd_is_periodic_averaging(suite):
+    for rank in suite:
+        result = rank["averaging"]
+        for got, want, initial in zip(result["flexdemo"], result["reference"], result["initial"]):
+            assert not torch.equal(got, initial)
+            torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("case", CASES[1:3])
+def test_inner_steps_are_silent_and_an_exchange_crosses_nodes_once(suite, case):
+    for rank, rank_result in enumerate(suite):
+        result = rank_result[case]
+        every = len(result["logs"]) // 2
+        for step, log in enumerate(result["logs"]):
+            if (step + 1) % every:
+                assert log == {"collectives": [], "syncs": []}, (step, log)  # no collective, no host sync
+                continue
+            crossing = [c for c in log["collectives"] if _crosses_nodes(c[1])]
+            assert [name for name, _ in crossing] == [GATHER] and rank in crossing[0][1], log
+            assert log["syncs"] == ["item"], log["syncs"]  # the skip decision
+
+
+@pytest.mark.parametrize("case", CASES[1:3])
+def test_replicas_bit_identical_after_every_exchange(suite, case):
+    replica_pairs = [(0, 2), (1, 3)] if "2x2" in case else [(0, 1), (0, 2), (0, 3)]
+    for a, b in replica_pairs:
+        for mine, theirs in zip(suite[a][case]["after_exchange"], suite[b][case]["after_exchange"]):
+            for name, value in mine.items():
+                assert torch.equal(value, theirs[name]), name
+    assert len(suite[0][case]["after_exchange"]) == 3
+
+
+@pytest.mark.parametrize("case", CASES[1:3])
+def test_bytes_equal_the_formula_on_exchange_steps_only(suite, case):
+    """R = 2 (2 nodes x 2, int2) and R = 4 (4 nodes x 1, int4): amortised, H - 1 steps of 0 and one of the formula."""
+    for rank in suite:
+        result = rank[case]
+        every = len(result["comm_stats"]) // 2
+        value_dtype = "int2" if "int2" in case else "int4"
+        expected = exchange_bytes("demo", result["local_shapes"], result["replicas"], rate=0.25, topk=None, chunk=8,
+                                  value_dtype=value_dtype)
+        assert result["replicas"] == (2 if "2x2" in case else 4)
+        for step, stats in enumerate(result["comm_stats"]):
+            exchange = (step + 1) % every == 0
+            assert stats["bytes_sent"] == stats["bytes_received"] == (expected if exchange else 0) >= 0
+            assert stats["collectives"] == int(exchange) and stats["dense_bytes"] > 0
+        assert expected > 0
+
+
+def test_resume_mid_round_continues_bit_identically(suite):
+    for rank in suite:
+        result = rank["resume,value_dtype=int4"]
+        assert result["equal"]
+        assert {"anchor", "delta", "exp_avg", "exp_avg_sq", "outer_avg", "local", "step"} <= set(result["keys"])
+        assert result["options"]["local_steps"] == 3 and result["options"]["outer_momentum"] == 0.9

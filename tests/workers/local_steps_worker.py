@@ -1,0 +1,115 @@
+"""``local_steps=H`` on 4 gloo ranks (2 nodes x 2 processes, FSDP2 shards); each rank saves what the test asserts on
+to OUT/rank{r}.pt: parameters against a float64 reference of periodic averaging, the collectives and host syncs
+of inner and exchange steps, the traffic counters per step, and a resume in the middle of a round."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as dist
+from habits_worker import batch, full, main, observed, sharded, through_bytes
+from optimizer_worker import local, mlp, mlp_loss
+
+from hf_flexdemo import FlexDeMo, build_hybrid_mesh, shard_model
+
+NODES = ((0, 1), (2, 3))  # global ranks, node-major
+
+
+def loss64(model, step: int, rank: int) -> torch.Tensor:
+    """``mlp_loss`` on the same data, in float64."""
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    x, y = torch.randn(8, 10, generator=g).double(), torch.randn(8, 3, generator=g).double()
+    return ((model(x) - y) ** 2).mean()
+
+
+def case_averaging(args) -> dict:
+    """``replicator="full"`` and outer SGD at lr 1: periodic averaging of two AdamW replicas, in float64.
+
+    Each reference replica runs torch's AdamW on its node's mean gradient for H steps; then every replica's
+    parameters become the replicas' mean (the inner AdamW keeps its moments across rounds)."""
+    steps, rounds = int(args.steps), int(args.local_steps)
+    mesh = build_hybrid_mesh(shard_size=2)
+    model = mlp()
+    replicas = [copy.deepcopy(model).double() for _ in NODES]
+    shard_model(model, mesh)
+    lr, wd = 0.05, 0.1
+    opt = FlexDeMo(model.parameters(), lr=lr, weight_decay=wd, replicate_group=mesh["dp_replicate"].get_group(),
+                   replicator="full", local_steps=rounds, drift_check_every=1)
+    inner = [torch.optim.AdamW(r.parameters(), lr=lr, weight_decay=wd) for r in replicas]
+    for step in range(steps):
+        mlp_loss(model, step, dist.get_rank()).backward()
+        opt.step()
+        opt.zero_grad()
+        for replica, adamw, ranks in zip(replicas, inner, NODES):
+            adamw.zero_grad()
+            for rank in ranks:
+                (loss64(replica, step, rank) / len(ranks)).backward()
+            adamw.step()
+        if (step + 1) % rounds == 0:
+            with torch.no_grad():
+                for ps in zip(*(r.parameters() for r in replicas)):
+                    mean = sum(ps) / len(ps)
+                    for p in ps:
+                        p.copy_(mean)
+    return {"flexdemo": [full(p) for p in model.parameters()],
+            "reference": [p.detach().clone() for p in replicas[0].parameters()],
+            "initial": [p.detach().clone() for p in mlp().parameters()]}
+
+
+def case_habits(args) -> dict:
+    """Per step of rounds 2 and 3: the collectives and host syncs of ``step()`` and the traffic counters; after every
+    exchange the full parameters (gathered outside the observed step)."""
+    shard_size = {"2x2": 2, "1x4": 1}[args.topology]
+    model, group = sharded(shard_size)
+    opt = FlexDeMo(model.parameters(), lr=1e-3, replicate_group=group, local_steps=int(args.local_steps),
+                   compression_rate=0.25, compression_chunk=8, value_dtype=args.value_dtype, drift_check_every=0)
+    logs, stats, after_exchange = [], [], []
+    for step in range(3 * int(args.local_steps)):  # the first round unobserved: it creates the state
+        model(**batch(step, dist.get_rank())).loss.backward()
+        log = {"collectives": [], "syncs": []}
+        with observed(log, {id(state["step"]) for state in opt.state.values()}):
+            opt.step()
+        opt.zero_grad()
+        if step >= opt.options["local_steps"]:
+            logs.append(log)
+            stats.append(opt.comm_stats)
+        if opt.steps % opt.options["local_steps"] == 0:
+            after_exchange.append({n: full(p) for n, p in model.named_parameters()})
+    shapes = [tuple(local(p).shape) for p in model.parameters()]
+    return {"logs": logs, "comm_stats": stats, "after_exchange": after_exchange, "local_shapes": shapes,
+            "replicas": dist.get_world_size(group)}
+
+
+def case_resume(args) -> dict:
+    """2H straight steps vs H + 1 steps, ``state_dict`` through bytes into a fresh optimizer built with other knobs
+    (the parameters overwritten, as a checkpoint of one replica's would), then the rest: bitwise equal."""
+    rounds = int(args.local_steps)
+    kwargs = dict(lr=3e-3, local_steps=rounds, value_dtype=args.value_dtype, outer_lr=0.7, outer_momentum=0.9,
+                  compression_rate=0.25, compression_chunk=8)
+
+    def train(model, opt, steps):
+        for step in steps:
+            model(**batch(step, dist.get_rank())).loss.backward()
+            opt.step()
+            opt.zero_grad()
+
+    model, group = sharded()
+    train(model, FlexDeMo(model.parameters(), replicate_group=group, **kwargs), range(2 * rounds))
+    expected = {n: full(p) for n, p in model.named_parameters()}
+    model, group = sharded()
+    first = FlexDeMo(model.parameters(), replicate_group=group, **kwargs)
+    train(model, first, range(rounds + 1))
+    saved = through_bytes(first.state_dict())
+    with torch.no_grad():
+        for p in model.parameters():
+            local(p).fill_(0.5)
+    resumed = FlexDeMo(model.parameters(), replicate_group=group, lr=1.0)
+    resumed.load_state_dict(saved)
+    train(model, resumed, range(rounds + 1, 2 * rounds))
+    return {"keys": sorted(saved["state"][0]), "options": resumed.options,
+            "equal": all(torch.equal(expected[n], full(p)) for n, p in model.named_parameters())}
+
+
+if __name__ == "__main__":
+    main(globals(), {"steps": "6", "local_steps": "3", "topology": "2x2", "value_dtype": "int2"})
