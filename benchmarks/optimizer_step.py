@@ -17,13 +17,21 @@ barrier before each step. A step's time is the slowest rank's. Methods, in this 
   says why (``reference_skipped``);
 * ``flexdemo_sharded``: ``FlexDeMo`` on FSDP2 shards (``build_hybrid_mesh(shard_size=2)``, one node: no exchange).
 
+``--nproc N`` launches N ranks instead of 2. With one rank FlexDeMo's replicate group has size 1: the exchange is
+skipped, compression and decode still run (the step's compute cost); ``flexdemo_sharded`` is skipped (nothing to
+shard) and the JSON says so (``methods_skipped``). ``--device cuda`` puts rank r on ``cuda:{LOCAL_RANK %
+device_count}`` over NCCL (one GPU per rank: ``--nproc`` may not exceed the GPUs), times each step between
+``torch.cuda.synchronize()`` calls (the optimizer itself never synchronizes), profiles CUDA activity too and
+records the GPU, CUDA and NCCL (``cuda``); a ``reference`` that fails there is skipped with the error as reason.
+
     python benchmarks/optimizer_step.py                              # T5-small shape (60.5 M), a few minutes
     python benchmarks/optimizer_step.py --model tiny --steps 3       # smoke, seconds
+    python benchmarks/optimizer_step.py --device cuda --nproc 1      # one GPU (benchmarks/gpu_check.sh)
 
 Prints a table (median and IQR step seconds, ratio to AdamW, bytes each rank sends per step, kept coefficients per
 step, bytes per kept coefficient), the ratios FlexDeMo/AdamW, reference/AdamW, reference/FlexDeMo, and whether
 issue #2's targets are met (FlexDeMo step <= 2x AdamW, <= 4 bytes per kept coefficient). Writes all of it, the
-per-step times, the machine and the exact command to ``benchmarks/results/optimizer_step[_tiny].json``.
+per-step times, the machine and the exact command to ``benchmarks/results/optimizer_step[_tiny][_cuda][_Nranks].json``.
 """
 
 from __future__ import annotations
@@ -97,19 +105,34 @@ def counting_all_gathers(sent: dict[str, Any]) -> Iterator[None]:
 
 
 def random_grad(param: Tensor, generator: torch.Generator) -> Tensor:
-    """A fixed random gradient shaped like ``param`` (a ``DTensor`` like it for FSDP2 shards)."""
+    """A fixed random gradient shaped like ``param`` (a ``DTensor`` like it for FSDP2 shards), drawn on the CPU
+    (the same values on every device) and put on ``param``'s device."""
     if isinstance(param, DTensor):
-        local = torch.randn(param.to_local().shape, generator=generator)
+        local = torch.randn(param.to_local().shape, generator=generator).to(param.device)
         return DTensor.from_local(local, param.device_mesh, param.placements, shape=param.shape, stride=param.stride())
-    return torch.randn(param.shape, generator=generator)
+    return torch.randn(param.shape, generator=generator).to(param.device)
+
+
+def rank_device(args: argparse.Namespace) -> torch.device:
+    """This rank's device: the CPU, or ``cuda:{LOCAL_RANK % device_count}``."""
+    if args.device == "cpu":
+        return torch.device("cpu")
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the GPU's queued work (a benchmark's clock only: the optimizer never does this)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def measure(method: str, args: argparse.Namespace) -> dict[str, Any]:
     """Warm up, then time ``args.steps`` optimizer steps of ``method``; this rank's times and traffic."""
+    device = rank_device(args)
     torch.manual_seed(0)
-    model = T5ForConditionalGeneration(named_t5_config(args.model, MODELS[args.model]))
+    model = T5ForConditionalGeneration(named_t5_config(args.model, MODELS[args.model])).to(device)
     if method == "flexdemo_sharded":
-        shard_model(model, build_hybrid_mesh(shard_size=NPROC))
+        shard_model(model, build_hybrid_mesh(shard_size=args.nproc, device_type=device.type))
     params = [p for p in model.parameters() if p.requires_grad]
     generator = torch.Generator().manual_seed(1000 + dist.get_rank())
     grads = [random_grad(p, generator) for p in params]
@@ -133,18 +156,20 @@ def measure(method: str, args: argparse.Namespace) -> dict[str, Any]:
         counting = counting_all_gathers(sent) if method == "reference" and step == 0 else contextlib.nullcontext()
         dist.barrier()
         with counting:
+            synchronize(device)
             start = time.perf_counter()
             optimizer.step()
+            synchronize(device)
             elapsed = time.perf_counter() - start
         if step >= args.warmup:
             times.append(elapsed)
-    profile = profiled_step(optimizer, params, grads) if method == "flexdemo" else None
+    profile = profiled_step(optimizer, params, grads, device) if method == "flexdemo" else None
     value_dtype = None
     if method.startswith("flexdemo"):
         value_dtype = optimizer.options["value_dtype"]
         stats = optimizer.comm_stats
         sent = {key: stats[key] for key in ("bytes_sent", "collectives", "coefficients")}
-        sent["peers"] = NPROC - 1 if method == "flexdemo" else 0
+        sent["peers"] = args.nproc - 1 if method == "flexdemo" else 0
         sent["flag_bytes"] = 1  # the non-finite flag rides in the payload: not a coefficient's bytes
     elif method == "reference":
         sent["replicator_data_transmitted_per_peer"] = replicator.data_transmitted[0]
@@ -152,39 +177,110 @@ def measure(method: str, args: argparse.Namespace) -> dict[str, Any]:
     return {"seconds": times, "traffic": sent, "local_numel": numel, "profile": profile, "value_dtype": value_dtype}
 
 
-def profiled_step(optimizer: torch.optim.Optimizer, params: list[Tensor], grads: list[Tensor]) -> dict[str, Any]:
+def device_seconds(event: Any, inclusive: bool) -> float:
+    """An averaged profiler event's GPU time in seconds (``*_device_time_total``; ``*_cuda_time_total`` before)."""
+    name = "device_time_total" if inclusive else "self_device_time_total"
+    if not hasattr(event, name):
+        name = name.replace("device", "cuda")
+    return getattr(event, name, 0) / 1e6
+
+
+def profiled_step(optimizer: torch.optim.Optimizer, params: list[Tensor], grads: list[Tensor],
+                  device: torch.device) -> dict[str, Any]:
     """One more step under ``torch.profiler``: seconds per ``FlexDeMo::`` phase (inclusive) and the costliest
-    operators (self time), to show where the step goes."""
+    operators (self time), to show where the step goes; on CUDA also the GPU time per phase and of the costliest
+    kernels."""
     for param, grad in zip(params, grads):
         param.grad = grad
     dist.barrier()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    synchronize(device)
+    with torch.profiler.profile(activities=activities) as prof:
         optimizer.step()
+        synchronize(device)
     events = prof.key_averages()
     total = sum(e.self_cpu_time_total for e in events) / 1e6
     operators = sorted((e for e in events if e.key.startswith("aten::")), key=lambda e: -e.self_cpu_time_total)
-    return {"total_s": total,
-            "phases_s": {e.key: e.cpu_time_total / 1e6 for e in events if e.key.startswith("FlexDeMo::")},
-            "operators_self_s": {e.key: e.self_cpu_time_total / 1e6 for e in operators[:8]}}
+    profile = {"total_s": total,
+               "phases_s": {e.key: e.cpu_time_total / 1e6 for e in events if e.key.startswith("FlexDeMo::")},
+               "operators_self_s": {e.key: e.self_cpu_time_total / 1e6 for e in operators[:8]}}
+    if device.type == "cuda":
+        kernels = sorted(events, key=lambda e: -device_seconds(e, inclusive=False))
+        profile |= {"device_total_s": sum(device_seconds(e, inclusive=False) for e in events),
+                    "phases_device_s": {e.key: device_seconds(e, inclusive=True) for e in events
+                                        if e.key.startswith("FlexDeMo::")},
+                    "kernels_self_device_s": {e.key: device_seconds(e, inclusive=False) for e in kernels[:8]
+                                              if device_seconds(e, inclusive=False) > 0}}
+    return profile
+
+
+def default_run(args: argparse.Namespace) -> bool:
+    """The configuration the committed results and the README come from: 2 CPU ranks."""
+    return args.device == "cpu" and args.nproc == NPROC
+
+
+def backend(device: torch.device) -> str:
+    """gloo on the CPU; NCCL when every rank has a GPU of its own."""
+    ranks = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    return "nccl" if device.type == "cuda" and ranks <= torch.cuda.device_count() else "gloo"
+
+
+def rank_facts(device: torch.device) -> dict[str, Any]:
+    """This rank's device and process group, with the GPU's name and the CUDA and NCCL versions on CUDA."""
+    facts: dict[str, Any] = {"rank": dist.get_rank(), "device": str(device), "backend": dist.get_backend()}
+    if device.type == "cuda":
+        nccl = torch.cuda.nccl.version()
+        facts |= {"device_name": torch.cuda.get_device_name(device),
+                  "capability": ".".join(map(str, torch.cuda.get_device_capability(device))),
+                  "memory_gib": torch.cuda.get_device_properties(device).total_memory / 2**30,
+                  "torch": torch.__version__, "cuda_version": torch.version.cuda,
+                  "nccl_version": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)}
+    return facts
 
 
 def worker(args: argparse.Namespace) -> None:
     """One rank: measure every method, rank 0 writes all ranks' results to ``args.worker``."""
-    dist.init_process_group("gloo")
-    results = {}
-    for method in methods():
-        mine = measure(method, args)
+    device = rank_device(args)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend(device))
+    args.nproc = dist.get_world_size()  # not passed on: torchrun would take `--nproc` for its own flag
+    results: dict[str, Any] = {}
+    for method in methods(args):
+        try:
+            mine = measure(method, args)
+        except Exception as err:  # only the reference, and only off the default run: say why it could not run
+            if method != "reference" or default_run(args):
+                raise
+            mine = {"error": f"{type(err).__name__}: {err}"}
         gathered: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, mine)
         results[method] = gathered
+    facts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(facts, rank_facts(device))
+    results["ranks"] = facts
     if dist.get_rank() == 0:
         Path(args.worker).write_text(json.dumps(results))
     dist.destroy_process_group()
 
 
-def methods() -> tuple[str, ...]:
-    """``METHODS``, less ``reference`` when detonation cannot be imported."""
-    return METHODS if reference_unavailable() is None else tuple(m for m in METHODS if m != "reference")
+def skipped(args: argparse.Namespace) -> dict[str, str]:
+    """The methods this run cannot measure, with why."""
+    why = {}
+    unavailable = reference_unavailable()
+    if unavailable is not None:
+        why["reference"] = unavailable
+    if args.nproc == 1:
+        why["flexdemo_sharded"] = "one rank: nothing to shard"
+    return why
+
+
+def methods(args: argparse.Namespace) -> tuple[str, ...]:
+    """``METHODS``, less those this run skips (``reference`` when detonation cannot be imported, the sharded
+    method on one rank)."""
+    return tuple(m for m in METHODS if m not in skipped(args))
 
 
 def summarize(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
@@ -215,34 +311,83 @@ def table(methods: dict[str, dict[str, Any]]) -> str:
     return harness.markdown_table(columns, rows)
 
 
+def check_device(args: argparse.Namespace) -> None:
+    """Exit with a clear message unless ``--device`` and ``--nproc`` can run here."""
+    if args.device == "cpu":
+        return
+    if not torch.cuda.is_available():
+        sys.exit(f"[optimizer_step] --device cuda: no CUDA device here (torch {torch.__version__}, built with CUDA "
+                 f"{torch.version.cuda}, CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); "
+                 "use --device cpu")
+    if args.nproc > torch.cuda.device_count():
+        sys.exit(f"[optimizer_step] --nproc {args.nproc} > {torch.cuda.device_count()} CUDA device(s): with "
+                 f"--device cuda every rank needs a GPU of its own; pass --nproc {torch.cuda.device_count()} or less")
+
+
+def default_path(args: argparse.Namespace) -> Path:
+    """``benchmarks/results/optimizer_step[_MODEL][_cuda][_Nranks].json`` (t5-small, CPU, 2 ranks: no suffix)."""
+    suffix = "" if args.model == "t5-small" else "_" + args.model
+    suffix += "_cuda" if args.device == "cuda" else ""
+    suffix += "" if args.nproc == NPROC else f"_{args.nproc}ranks"
+    return HERE / "results" / f"optimizer_step{suffix}.json"
+
+
+def worker_env(args: argparse.Namespace) -> dict[str, str]:
+    """The harness's rank environment (OMP_NUM_THREADS=1; MALLOC_* as the caller has them), GPUs visible on CUDA."""
+    env = harness.worker_env()
+    if args.device == "cuda":
+        if "CUDA_VISIBLE_DEVICES" in os.environ:
+            env["CUDA_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"]
+        else:
+            env.pop("CUDA_VISIBLE_DEVICES", None)
+    return env
+
+
 def driver(args: argparse.Namespace) -> None:
     """Launch the ranks, then report and write the results."""
-    path = args.out or HERE / "results" / f"optimizer_step{'' if args.model == 't5-small' else '_' + args.model}.json"
+    check_device(args)
+    path = args.out or default_path(args)
     bench = harness.Run.start(path, args.allow_dirty)
-    env = harness.worker_env()  # OMP_NUM_THREADS=1; MALLOC_* as the caller has them
+    env = worker_env(args)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "ranks.json"
         launch = harness.torchrun([__file__, "--model", args.model, "--steps", args.steps, "--warmup", args.warmup,
-                                   "--worker", out], NPROC)
+                                   "--device", args.device, "--worker", out], args.nproc)
         job = harness.run_job([launch], [Path(tmp) / "ranks.log"], args.timeout_s, env, expect=out)
         if job["status"] != harness.OK:
             sys.exit(f"[optimizer_step] ranks {job['status']} (exit codes {job['returncodes']}):\n"
                      f"{job['log_tails'][0]}")
         ranks = json.loads(out.read_text())
+    why_skipped = skipped(args)
+    failed = [r["error"] for r in ranks.get("reference", []) if "error" in r]
+    if failed:  # it could not run here (off the default run only): skipped, with the first rank's error
+        why_skipped["reference"] = f"failed on {args.device} with {args.nproc} rank(s): {failed[0]}"
+        del ranks["reference"]
     methods = {name: summarize(ranks[name]) for name in METHODS if name in ranks}
     step = {name: m["median_s"] for name, m in methods.items()}
     pairs = (("flexdemo", "adamw"), ("reference", "adamw"), ("reference", "flexdemo"), ("flexdemo_sharded", "adamw"))
     ratios = {f"{a}/{b}": step[a] / step[b] for a, b in pairs if a in step and b in step}
-    per_coefficient = methods["flexdemo"]["bytes_per_coefficient"]
+    per_coefficient = methods["flexdemo"]["bytes_per_coefficient"]  # None on one rank: nothing is sent
     targets = {
         "flexdemo_step_le_2x_adamw": {"value": ratios["flexdemo/adamw"], "target": TARGET_STEP_RATIO,
                                       "met": ratios["flexdemo/adamw"] <= TARGET_STEP_RATIO},
-        "flexdemo_bytes_per_coefficient_le_4": {"value": per_coefficient, "target": TARGET_BYTES_PER_COEFFICIENT,
-                                                "met": per_coefficient <= TARGET_BYTES_PER_COEFFICIENT},
+        "flexdemo_bytes_per_coefficient_le_4": {
+            "value": per_coefficient, "target": TARGET_BYTES_PER_COEFFICIENT,
+            "met": None if per_coefficient is None else per_coefficient <= TARGET_BYTES_PER_COEFFICIENT},
     }
-    report = bench.write(path, {
+    cuda = args.device == "cuda"
+    extra = {} if default_run(args) else {
+        "device": args.device,
+        "ranks": ranks["ranks"],
+        "cuda": {key: ranks["ranks"][0].get(key) for key in ("device_name", "capability", "memory_gib", "torch",
+                                                               "cuda_version", "nccl_version", "backend")}
+        if cuda else None,
+        "methods_skipped": why_skipped,
+    }
+    bench.write(path, {
         "torchrun_command": shlex.join(launch[:-2]),
-        "nproc_per_node": NPROC,
+        "nproc_per_node": args.nproc,
+        **extra,
         "omp_num_threads_per_rank": 1,
         "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
         "model": args.model,
@@ -253,11 +398,14 @@ def driver(args: argparse.Namespace) -> None:
         "settings": {"lr": LR, "compression_rate": DEFAULT_RATE, "compression_chunk": CHUNK, "reference_topk": TOPK,
                      "flexdemo_update": inspect.signature(FlexDeMo).parameters["update"].default,
                      "flexdemo_value_dtype": ranks["flexdemo"][0]["value_dtype"],  # as the optimizer resolved it
-                     "adamw": "torch.optim.AdamW defaults (on CPU: the for-loop implementation)"},
-        "timing": "optimizer.step() wall time after a barrier; per step the slowest rank; median and IQR over steps",
+                     "adamw": "torch.optim.AdamW defaults (on CUDA: the foreach implementation)" if cuda else
+                              "torch.optim.AdamW defaults (on CPU: the for-loop implementation)"},
+        "timing": "optimizer.step() wall time after a barrier"
+                  + (", between torch.cuda.synchronize() calls" if cuda else "")
+                  + "; per step the slowest rank; median and IQR over steps",
         "bytes_sent": "per rank and step, (R - 1) x the rank's all-gather input (ring), R = replicas; "
                       "flexdemo: comm_stats['bytes_sent']; reference: counted at dist.all_gather",
-        "reference_skipped": reference_unavailable(),
+        "reference_skipped": why_skipped.get("reference"),
         "profile_flexdemo_rank0": ranks["flexdemo"][0]["profile"],
         "methods": methods,
         "ratios": ratios,
@@ -266,9 +414,12 @@ def driver(args: argparse.Namespace) -> None:
     print(table(methods))
     for name, ratio in ratios.items():
         print(f"{name}: {ratio:.2f}")
-    if report["reference_skipped"]:
-        print(f"reference: skipped, detonation is not importable: {report['reference_skipped']}")
+    for name, why in why_skipped.items():
+        print(f"{name}: skipped: {why}")
     for name, target in targets.items():
+        if target["value"] is None:
+            print(f"target {name}: not measured ({args.nproc} rank: nothing is sent)")
+            continue
         print(f"target {name}: {target['value']:.2f} vs {target['target']} -> {'met' if target['met'] else 'NOT met'}")
     print(f"wrote {path}")
 
@@ -288,6 +439,10 @@ def main() -> None:
     parser.add_argument("--model", choices=tuple(MODELS), default="t5-small")
     parser.add_argument("--steps", type=positive(2), default=10, help="timed steps per method (>= 2)")
     parser.add_argument("--warmup", type=positive(1), default=3, help="untimed steps before them")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: rank r on cuda:{LOCAL_RANK %% device_count}, NCCL, one GPU per rank")
+    parser.add_argument("--nproc", type=positive(1), default=NPROC,
+                        help="ranks (torchrun --nproc_per_node); 1: no exchange, no sharded method")
     parser.add_argument("--out", type=Path, help="results JSON (default benchmarks/results/optimizer_step*.json)")
     parser.add_argument("--timeout_s", type=float, default=3600.0, help="kill the ranks after this many seconds")
     harness.add_provenance_flags(parser)

@@ -58,6 +58,18 @@ def _local_gradients(state, bucket):  # DDP rejects string annotations (postpone
     return future
 
 
+def training_mode(config: FlexDeMoConfig) -> str:
+    """How the nodes exchanged, in words, for the model card."""
+    if config.method != "flexdemo":
+        return config.method
+    if config.local_steps == 1:
+        return "compressed momentum exchange every step"
+    outer = (f"Nesterov outer momentum {config.outer_momentum:g}" if config.outer_momentum
+             else "plain averaging with error feedback")
+    return (f"local steps: {config.local_steps} AdamW steps per node, then a compressed pseudo-gradient "
+            f"exchange ({outer}, outer lr {config.outer_lr:g})")
+
+
 class FlexDeMoTrainer(Trainer):
     """``Trainer`` that trains with FlexDeMo (or the DeMo / AdamW-HSDP baselines) across nodes.
 
@@ -261,25 +273,13 @@ class FlexDeMoTrainer(Trainer):
             with open(Path(self.args.output_dir, "README.md"), "a") as card:
                 card.write(self._model_card_section())
 
-    def _training_mode(self) -> str:
-        """How the nodes exchanged, in words, for the model card."""
-        config = self.flexdemo_config
-        if config.method != "flexdemo":
-            return config.method
-        if config.local_steps == 1:
-            return "compressed momentum exchange every step"
-        outer = (f"Nesterov outer momentum {config.outer_momentum:g}" if config.outer_momentum
-                 else "plain averaging with error feedback")
-        return (f"local steps: {config.local_steps} AdamW steps per node, then a compressed pseudo-gradient "
-                f"exchange ({outer}, outer lr {config.outer_lr:g})")
-
     def _model_card_section(self) -> str:
         config = asdict(self.flexdemo_config)
         lines = ["", "## FlexDeMo training", "",
                  "Trained with [hf_flexdemo](https://arxiv.org/abs/2502.06728): FSDP2 inside each node, "
                  "DCT top-k momentum exchange between nodes.", "",
                  f"- topology: {self.topology.replicate_size} node(s) x {self.topology.shard_size} process(es)",
-                 f"- mode: {self._training_mode()}"]
+                 f"- mode: {training_mode(self.flexdemo_config)}"]
         lines += [f"- {key}: {value}" for key, value in config.items()]
         if self.flexdemo_optimizer is not None and self.comm_metrics.total_bytes_sent:
             lines.append(f"- inter-node bytes sent (all ranks, as of the last log): "

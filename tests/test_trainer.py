@@ -131,3 +131,14 @@ def test_compression_ratio_is_against_a_bf16_all_reduce_and_fp32_is_logged_too()
     card = FlexDeMoTrainer._model_card_section(fake)
     assert f"vs a dense bf16 all-reduce (AdamW-HSDP, reduce_dtype=bfloat16): 1/{bf16 / 200:.1f}" in card
     assert f"vs a dense fp32 all-reduce (AdamW-HSDP, FSDP2's default): 1/{sum(steps) / 200:.1f}" in card
+
+
+def test_the_model_card_names_the_mode():
+    from hf_flexdemo.trainer import training_mode
+
+    assert training_mode(FlexDeMoConfig()) == "compressed momentum exchange every step"
+    assert training_mode(FlexDeMoConfig(method="adamw")) == "adamw"
+    assert training_mode(FlexDeMoConfig(local_steps=4, value_dtype="int2")) == (
+        "local steps: 4 AdamW steps per node, then a compressed pseudo-gradient exchange (plain averaging with "
+        "error feedback, outer lr 1)")
+    assert "Nesterov outer momentum 0.9" in training_mode(FlexDeMoConfig(local_steps=8, outer_momentum=0.9))
