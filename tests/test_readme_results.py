@@ -26,7 +26,22 @@ def test_the_bytes_table_is_the_json_table():
     assert f"R ≈ {crossover['demo_ge_dense_from_R_exact']:.1f}" in README
 
 
-@pytest.mark.parametrize("name", ["replicator_bytes"])
+def test_the_quick_convergence_table_is_the_json():
+    data = result("convergence_quick")
+    methods, gaps = data["methods"], data["final_eval_loss_gap_vs_adamw_pct"]
+    adamw_bytes = methods["adamw"]["bytes_sent"]["per_step"]
+    for name in ("flexdemo", "demo"):
+        run = methods[name]
+        per_step = run["bytes_sent"]["per_step"]
+        figures = (f"{run['final_eval_loss']:.3f}", f"{gaps[name]:+.2f} %", f"{run['bleu']:.2f}", f"{run['chrf']:.2f}",
+                   f"{per_step:.4g}".replace("e+0", "e"), f"{adamw_bytes / 2 / per_step:.1f}",
+                   f"{adamw_bytes / per_step:.1f}")
+        for figure in figures:
+            assert figure in README, (name, figure)
+    assert f"{methods['adamw']['final_eval_loss']:.3f}" in README
+
+
+@pytest.mark.parametrize("name", ["replicator_bytes", "convergence_quick"])
 def test_quoted_results_record_a_clean_commit_taken_at_start(name):
     data = result(name)
     assert len(data["git_commit"]) == 40 and data["git_dirty"] is False
