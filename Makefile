@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 
-.PHONY: setup demo test unit lint bench-quick bench-defaults clean
+.PHONY: setup demo test unit lint bench-quick bench-defaults gpu-check clean
 
 setup:
 	$(PIP) install -q torch==2.13.0
@@ -35,6 +35,11 @@ bench-defaults:
 	$(PYTHON) benchmarks/sweep.py density
 	$(PYTHON) benchmarks/sweep.py levers
 	$(PYTHON) benchmarks/sweep.py overlap
+
+# On a lent GPU machine (torch with CUDA already there; never reinstalled): the optimizer step on CUDA and a short
+# bf16 recipe run, JSON into $OUT (default benchmarks/results/gpu/).
+gpu-check:
+	PYTHON=$(PYTHON) bash benchmarks/gpu_check.sh
 
 clean:
 	rm -rf outputs build *.egg-info .pytest_cache .ruff_cache

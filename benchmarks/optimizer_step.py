@@ -245,7 +245,8 @@ def worker(args: argparse.Namespace) -> None:
     device = rank_device(args)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend(device))
+    pg_backend = backend(device)
+    dist.init_process_group(pg_backend, **({"device_id": device} if pg_backend == "nccl" else {}))
     args.nproc = dist.get_world_size()  # not passed on: torchrun would take `--nproc` for its own flag
     results: dict[str, Any] = {}
     for method in methods(args):
