@@ -61,11 +61,6 @@ class LocalSteps:
         self.lr = optimizer.options["outer_lr"]
         self.momentum = optimizer.options["outer_momentum"]
 
-    @property
-    def outer_rounds(self) -> int:
-        """Exchanges taken (or skipped) so far."""
-        return self.optimizer.steps // self.every
-
     def new_state(self, state: dict[str, Any], p: Tensor, group: dict[str, Any]) -> dict[str, Any]:
         """``p``'s state, filled on first use: the inner AdamW's moments, the anchor (``p`` now), the error
         feedback and, with outer momentum, its buffer."""
