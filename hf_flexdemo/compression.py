@@ -15,8 +15,8 @@ subtracts the values as they arrive, so what rounding loses is sent later.
 * ``select_random`` picks ``k`` positions per block from a generator every replica seeds identically, so
   only the values need to travel (``replicator="random"``);
 * ``scatter_mean`` turns the payloads of all replicas into one dense coefficient tensor: with DeMo's
-  semantics (``over="choosers"``) a coefficient chosen by some replicas takes the mean over those that chose
-  it (``scatter_reduce(mean, include_self=False)``); with ``over="replicas"`` it takes the sum over all ``R``
+  semantics (``consensus="choosers"``) a coefficient chosen by some replicas takes the mean over those that chose
+  it (``scatter_reduce(mean, include_self=False)``); with ``consensus="replicas"`` it takes the sum over all ``R``
   replicas' payloads divided by ``R``, each replica counting 0 where it kept the coefficient back. Error
   feedback sends what a replica held back later, so the second is the replicas' mean momentum spread over
   time, where the first counts a coefficient that one replica of ``R`` sends ``R`` times. Replicas are
@@ -193,20 +193,20 @@ def decode_values(pieces: list[Tensor]) -> Tensor:
 
 
 def scatter_mean(
-    positions: Tensor, values: Tensor, out: Tensor, counts: Tensor | None, over: Consensus = "choosers"
+    positions: Tensor, values: Tensor, out: Tensor, counts: Tensor | None, consensus: Consensus = "choosers"
 ) -> Tensor:
     """Dense ``out`` holding, at every position some replica chose, the mean of the chosen values over the
-    replicas that chose it (``over="choosers"``) or over all of them (``"replicas"``).
+    replicas that chose it (``consensus="choosers"``) or over all of them (``"replicas"``).
 
     ``positions``/``values`` are ``(R, M)``: each row one replica's flat positions (unique within the
     row) and values. ``counts`` is a scratch buffer of ``out``'s size (unused, may be ``None``, when
-    ``R == 1`` or ``over="replicas"``). Rows are added in order, so the result does not depend on the
+    ``R == 1`` or ``consensus="replicas"``). Rows are added in order, so the result does not depend on the
     device's scheduling.
     """
     flat = out.view(-1).zero_()
     for where, value in zip(positions, values):
         flat.index_add_(0, where, value.to(out.dtype))
-    if over == "replicas":
+    if consensus == "replicas":
         return out.div_(positions.shape[0])
     if positions.shape[0] > 1:
         chooser = counts.view(-1).zero_()
@@ -219,7 +219,7 @@ def scatter_mean(
 
 def scatter_masked(
     bitmasks: Tensor, pieces: list[Tensor], layout: BlockLayout, out: Tensor, scratch: Tensor, counts: Tensor | None,
-    over: Consensus = "choosers",
+    consensus: Consensus = "choosers",
 ) -> Tensor:
     """:func:`scatter_mean` for positions that travel as bitmasks: ``bitmasks`` ``(R, N, ceil(block_numel / 8))``
     and the :func:`encode_values` pieces with a leading ``R``, each block's values in ascending in-block order.
@@ -240,7 +240,7 @@ def scatter_masked(
             out.add_(target)
         if chooser is not None:
             chooser.add_(mask)
-    if over == "replicas":
+    if consensus == "replicas":
         return out.div_(bitmasks.shape[0])
     if bitmasks.shape[0] > 1:
         out.div_(counts.clamp_(min=1))
@@ -249,15 +249,15 @@ def scatter_masked(
 
 def decode(
     where: Tensor, pieces: list[Tensor], layout: BlockLayout, out: Tensor, scratch: Tensor, counts: Tensor | None,
-    over: Consensus = "choosers",
+    consensus: Consensus = "choosers",
 ) -> Tensor:
     """The dense coefficients of ``R`` replicas' payloads, as they travel: ``where`` ``(R, N, ...)`` holds each
     block's positions (indices or bitmasks, as :func:`encode_positions` wrote them) and ``pieces`` the
     :func:`encode_values` pieces with a leading ``R``. Dispatches to :func:`scatter_masked` or
     :func:`scatter_mean`; ``scratch`` and ``counts`` are buffers of ``out``'s size (``counts`` only for
-    ``over="choosers"`` with ``R > 1``)."""
+    ``consensus="choosers"`` with ``R > 1``)."""
     k = quantize.count(pieces) if len(pieces) == 3 else pieces[0].shape[-1]
     if uses_bitmask(layout.block_numel, k):
-        return scatter_masked(where, pieces, layout, out=out, scratch=scratch, counts=counts, over=over)
+        return scatter_masked(where, pieces, layout, out=out, scratch=scratch, counts=counts, consensus=consensus)
     positions = torch.stack([layout.flat_positions(out.shape[0], i.long()).view(-1) for i in where])
-    return scatter_mean(positions, decode_values(pieces).flatten(1), out=out, counts=counts, over=over)
+    return scatter_mean(positions, decode_values(pieces).flatten(1), out=out, counts=counts, consensus=consensus)

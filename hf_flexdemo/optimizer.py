@@ -248,6 +248,8 @@ class FlexDeMo(Optimizer):
         self._rate = counters.get("rate")
         self._reset()  # on the loaded options and state
         self._pending = counters.get("pending")
+        if self._pending is not None and "here" in self._pending:  # the key's name before it said what it holds
+            self._pending["own_nonfinite"] = self._pending.pop("here")
         if self._local is not None:
             self._local.load(state_dict)
 
@@ -386,7 +388,7 @@ class FlexDeMo(Optimizer):
                 set_rows(stack.states, "pending_update", q.unbind(0))
             for key, rows in stack.candidate().items():
                 set_rows(stack.states, f"pending_{key}", rows)
-        self._pending = {"skip": skip, "here": own_nonfinite, "lrs": [stack.lr for stack in stacks],
+        self._pending = {"skip": skip, "own_nonfinite": own_nonfinite, "lrs": [stack.lr for stack in stacks],
                          "step": self.steps - 1}
 
     def _apply_pending(self) -> None:
@@ -398,7 +400,7 @@ class FlexDeMo(Optimizer):
             held = [key for key in MOMENT_KEYS if "pending_" + key in stack.states[0]]
             stack.moments = {key: [s["pending_" + key] for s in stack.states] for key in held} or None
         if pending["skip"]:
-            self._skip(pending["step"], pending["here"])
+            self._skip(pending["step"], pending["own_nonfinite"])
             for stack in stacks:
                 stack.discard()
         else:

@@ -64,7 +64,7 @@ def test_decode_is_mean_over_choosers(replicas):
 
 
 def test_decode_over_replicas_is_the_sum_over_all_replicas_divided_by_their_count():
-    """``over="replicas"``: a replica that kept a coefficient back counts as 0, so a coefficient one replica of R
+    """``consensus="replicas"``: a replica that kept a coefficient back counts as 0, so a coefficient one replica of R
     sends enters Q with 1/R of its value (DeMo's mean over choosers gives it all of it)."""
     torch.manual_seed(0)
     layout = BlockLayout.for_shape((16, 24), 8)
@@ -73,7 +73,8 @@ def test_decode_over_replicas_is_the_sum_over_all_replicas_divided_by_their_coun
     indices = [torch.stack([torch.randperm(64)[:k] for _ in range(blocks)]) for _ in range(replicas)]
     values = torch.randn(replicas, blocks * k)
     positions = torch.stack([layout.flat_positions(count, i).view(-1) for i in indices])
-    dense = compression.scatter_mean(positions, values, out=torch.empty(count, 16, 24), counts=None, over="replicas")
+    dense = compression.scatter_mean(positions, values, out=torch.empty(count, 16, 24), counts=None,
+                                     consensus="replicas")
     expected = torch.zeros(count * 16 * 24).index_add_(0, positions.view(-1), values.view(-1)) / replicas
     torch.testing.assert_close(dense.view(-1), expected)
     once = positions[0][~torch.isin(positions[0], positions[1:].reshape(-1))][:1]  # chosen by replica 0 alone
@@ -126,8 +127,8 @@ def test_values_on_the_wire(value_dtype):
     assert torch.equal(decoded[3], torch.zeros(16))
 
 
-@pytest.mark.parametrize("over", ["choosers", "replicas"])
-def test_bitmask_decode_equals_the_index_decode(over):
+@pytest.mark.parametrize("consensus", ["choosers", "replicas"])
+def test_bitmask_decode_equals_the_index_decode(consensus):
     torch.manual_seed(0)
     layout = BlockLayout.for_shape((16, 24), 8)
     k, count, replicas = 20, 2, 3
@@ -137,10 +138,11 @@ def test_bitmask_decode_equals_the_index_decode(over):
     values = torch.randn(replicas, blocks, k)
     positions = torch.stack([layout.flat_positions(count, i).view(-1) for i in indices])
     expected = compression.scatter_mean(positions, values.flatten(1), out=torch.empty(count, 16, 24),
-                                        counts=torch.empty(count, 16, 24), over=over)
+                                        counts=torch.empty(count, 16, 24), consensus=consensus)
     bitmasks = torch.stack([bitmask for bitmask, _ in wire])
     dense = compression.scatter_masked(bitmasks, [values], layout, out=torch.empty(count, 16, 24),
-                                       scratch=torch.empty(count, 16, 24), counts=torch.empty(count, 16, 24), over=over)
+                                       scratch=torch.empty(count, 16, 24), counts=torch.empty(count, 16, 24),
+                                       consensus=consensus)
     torch.testing.assert_close(dense, expected, rtol=0, atol=0)
 
 

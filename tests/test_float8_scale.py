@@ -47,27 +47,27 @@ def _sent(layout: BlockLayout, wire: list, positions: torch.Tensor) -> torch.Ten
     return compression.scatter_mean(positions.unsqueeze(0), values, out=_dense(layout), counts=None)
 
 
-def _received(layout: BlockLayout, k: int, wires: list[list], over: str) -> torch.Tensor:
+def _received(layout: BlockLayout, k: int, wires: list[list], consensus: str) -> torch.Tensor:
     """The consensus coefficients every receiver decodes from the gathered wires (``FlexDeMo._decode``)."""
     where, *pieces = [torch.stack(piece) for piece in zip(*wires)]
-    counts = _dense(layout) if over == "choosers" and len(wires) > 1 else None
+    counts = _dense(layout) if consensus == "choosers" and len(wires) > 1 else None
     if compression.uses_bitmask(layout.block_numel, k):
         return compression.scatter_masked(where, pieces, layout, out=_dense(layout), scratch=_dense(layout),
-                                          counts=counts, over=over)
+                                          counts=counts, consensus=consensus)
     positions = torch.stack([layout.flat_positions(COUNT, i.long()).view(-1) for i in where])
     return compression.scatter_mean(positions, compression.decode_values(pieces).flatten(1), out=_dense(layout),
-                                    counts=counts, over=over)
+                                    counts=counts, consensus=consensus)
 
 
 def _bits(x: torch.Tensor) -> torch.Tensor:
     return x.view(torch.int32)
 
 
-@pytest.mark.parametrize("over", ["choosers", "replicas"])
+@pytest.mark.parametrize("consensus", ["choosers", "replicas"])
 @pytest.mark.parametrize("value_dtype", ["bfloat16", "float32", "float8"])
 @pytest.mark.parametrize("case", [*MAGNITUDES, "zero", "mixed"])
 @pytest.mark.parametrize(("shape", "chunk", "k"), LAYOUTS)
-def test_every_magnitude_decodes_finite_and_as_the_sender_subtracted(shape, chunk, k, case, value_dtype, over):
+def test_every_magnitude_decodes_finite_and_as_the_sender_subtracted(shape, chunk, k, case, value_dtype, consensus):
     layout = BlockLayout.for_shape(shape, chunk)
     payloads = [_payload(layout, k, value_dtype, case, seed) for seed in range(REPLICAS)]
     wires = [wire for wire, _ in payloads]
@@ -75,25 +75,25 @@ def test_every_magnitude_decodes_finite_and_as_the_sender_subtracted(shape, chun
     for replica, (wire, _) in enumerate(payloads):
         # A single replica's payload decodes, on the receiving side, to exactly what its sender subtracted:
         # the same bits, and after the inverse DCT the same signal.
-        alone = _received(layout, k, [wire], over)
+        alone = _received(layout, k, [wire], consensus)
         assert torch.isfinite(alone).all()
         assert torch.equal(_bits(alone), _bits(sent[replica]))
         signals = [layout.idct(x, out=_dense(layout), scratch=_dense(layout)) for x in (alone, sent[replica])]
         assert torch.isfinite(signals[0]).all() and torch.equal(_bits(signals[0]), _bits(signals[1]))
-    consensus = _received(layout, k, wires, over)
-    assert torch.isfinite(consensus).all()
+    combined = _received(layout, k, wires, consensus)
+    assert torch.isfinite(combined).all()
     # The consensus is the senders' subtracted coefficients combined: their sum over the choosers or over R.
     total = sent[0].clone()
     for other in sent[1:]:
         total.add_(other)
-    if over == "replicas":
+    if consensus == "replicas":
         expected = total / REPLICAS
     else:
         chosen = torch.zeros(_dense(layout).numel())
         for _, positions in payloads:
             chosen.index_add_(0, positions, torch.ones(positions.numel()))
         expected = total / chosen.clamp(min=1).view_as(total)
-    assert torch.equal(consensus, expected)
+    assert torch.equal(combined, expected)
 
 
 @pytest.mark.parametrize("largest", [0.0, 1e-45, 1e-39, 2e-38, 5e-36, 1e-30, 1.0, 1e30, 1e37, 3.0e38,

@@ -112,7 +112,7 @@ def test_receivers_decode_what_the_sender_subtracted(value_dtype, k):
     like = [wire, *pieces]
     where, *received = unpack(pack(like).unsqueeze(0), like)
     decoded = compression.decode(where, received, layout, out=out.clone(), scratch=out.clone(), counts=None,
-                                 over="replicas")
+                                 consensus="replicas")
     assert torch.equal(decoded, subtracted)
     if value_dtype in quantize.WIDTHS:
         scale = pieces[1].float()

@@ -48,7 +48,7 @@ class DemoReplicator(BlockReplicator):
         replicas = pieces[0].shape[0]
         counts = workspace("counts", momentum) if self.consensus == "choosers" and replicas > 1 else None
         dense = compression.decode(where, pieces, stack.layout, out=workspace("dense", momentum),
-                                   scratch=workspace("replica", momentum), counts=counts, over=self.consensus)
+                                   scratch=workspace("replica", momentum), counts=counts, consensus=self.consensus)
         return self.inverse(stack, dense, workspace)
 
     @classmethod
