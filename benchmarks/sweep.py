@@ -11,7 +11,8 @@ header, and each run its invocation's index (``invocation``), so a run names the
     python benchmarks/sweep.py density    # rate x block x lr x replicator, 300 steps: ~3 min per run on 2 cores
     python benchmarks/sweep.py levers     # what closes the gap over 1,000 steps: ~10 min per run
     python benchmarks/sweep.py overlap    # when the exchange runs (none / backward / delayed), 300 steps
-    python benchmarks/sweep.py local      # local steps H x rate x value bits x outer rule, 300 steps (55 runs)
+    python benchmarks/sweep.py local      # local steps H x rate x value bits x outer rule (x DCT), 300 steps (74 runs)
+    python benchmarks/sweep.py local_long # local steps' candidates and AdamW at 1,000 steps, two seeds (6 runs)
     python benchmarks/sweep.py levers --only "flexdemo lr=0.003 compression_feedback=0.2 momentum=ema"
 """
 
@@ -152,6 +153,15 @@ GRIDS: dict[str, dict[str, Any]] = {
                  update="sgd", value_dtype="float8", seed=7),
         ],
     },
+    # Local steps over 1,000 steps, two seeds: the grid "local"'s candidates at 40x fewer bytes than bf16 HSDP.
+    "local_long": {
+        "argv": LONG,
+        "runs": [
+            *(_run("adamw", 3e-3, **seed) for seed in ({}, {"seed": 7})),
+            *(_run("flexdemo", 3e-3, local_steps=steps, compression_rate=1 / 4, compression_chunk=32,
+                   value_dtype="int2", **seed) for steps in (4, 8) for seed in ({}, {"seed": 7})),
+        ],
+    },
     # At the package defaults: "delayed" is one step stale. ("backward" is "none"'s update, bit for bit, tested
     # in tests/test_overlap.py; it refuses Trainer's gradient clipping, which these runs use.)
     "overlap": {
@@ -167,8 +177,15 @@ GRIDS: dict[str, dict[str, Any]] = {
             _run("adamw", 3e-3),
             *(_run("flexdemo", 3e-3, local_steps=steps, compression_rate=rate, compression_chunk=32,
                    value_dtype=value_dtype, **outer)
-              for steps in (1, 2, 4, 8, 16) for rate in (1 / 4, 1 / 16) for value_dtype in ("float8", "int4", "int2")
-              for outer in (OUTER if steps > 1 else OUTER[:1])),
+              for steps in (1, 2, 4, 8, 16, 32) for rate in (1 / 4, 1 / 16)
+              for value_dtype in ("float8", "int4", "int2") for outer in (OUTER if steps > 1 else OUTER[:1])),
+            # does the DCT help a pseudo-gradient? top-k of the values themselves, as SparseLoCo
+            *(_run("flexdemo", 3e-3, local_steps=steps, compression_rate=1 / 4, compression_chunk=32,
+                   value_dtype="int2", compression_transform="none") for steps in (2, 4, 8)),
+            # a second seed where a margin is under a point
+            _run("adamw", 3e-3, seed=7),
+            *(_run("flexdemo", 3e-3, local_steps=steps, compression_rate=1 / 4, compression_chunk=32,
+                   value_dtype="int2", seed=7) for steps in (2, 4, 8)),
         ],
     },
 }

@@ -11,7 +11,18 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, get_args
 
 from . import knobs
-from .knobs import Consensus, DriftAction, Momentum, NonfiniteAction, Overlap, Preset, Replicator, Update, ValueDtype
+from .knobs import (
+    Consensus,
+    DriftAction,
+    Momentum,
+    NonfiniteAction,
+    Overlap,
+    Preset,
+    Replicator,
+    Transform,
+    Update,
+    ValueDtype,
+)
 
 Method = Literal["flexdemo", "demo", "adamw"]
 METHODS: tuple[str, ...] = get_args(Method)
@@ -42,6 +53,7 @@ class FlexDeMoConfig:
     compression_rate: float | None = _knob("compression_rate")
     compression_topk: int | None = _knob("compression_topk")
     compression_chunk: int = _knob("compression_chunk")
+    compression_transform: Transform = _knob("compression_transform")
     compression_decay: float = _knob("compression_decay")
     compression_feedback: float = _knob("compression_feedback")
     momentum: Momentum = _knob("momentum")

@@ -54,11 +54,12 @@ class BlockLayout:
 
     shape: tuple[int, ...]
     block: tuple[int, int]
+    transform: str = "dct"  # "none": the blocks' values themselves are the coefficients (no DCT)
 
     @classmethod
-    def for_shape(cls, shape: tuple[int, ...], chunk: int) -> BlockLayout:
+    def for_shape(cls, shape: tuple[int, ...], chunk: int, transform: str = "dct") -> BlockLayout:
         rows, cols = as_matrix_shape(tuple(shape))
-        return cls(tuple(shape), (largest_divisor(rows, chunk), largest_divisor(cols, chunk)))
+        return cls(tuple(shape), (largest_divisor(rows, chunk), largest_divisor(cols, chunk)), transform)
 
     @property
     def matrix(self) -> tuple[int, int]:
@@ -100,7 +101,10 @@ class BlockLayout:
         return self._transform(c, out, scratch, inverse=True)
 
     def _transform(self, x: Tensor, out: Tensor, scratch: Tensor, inverse: bool) -> Tensor:
-        """Two GEMMs: every row against ``D2`` (or ``D2^T``), then ``D1`` (or ``D1^T``) against every block row."""
+        """Two GEMMs: every row against ``D2`` (or ``D2^T``), then ``D1`` (or ``D1^T``) against every block row; a
+        copy for ``transform="none"``."""
+        if self.transform == "none":
+            return out.copy_(x)
         (n1, n2), cols = self.block, self.matrix[1]
         right, left = dct_basis(n2, x.device, x.dtype), dct_basis(n1, x.device, x.dtype)
         right, left = (right, left.T) if inverse else (right.T, left)

@@ -27,6 +27,7 @@ ValueDtype = Literal["auto", "bfloat16", "float32", "float8", "int4", "int2"]
 NonfiniteAction = Literal["skip", "raise"]
 DriftAction = Literal["raise", "resync"]
 Preset = Literal["default", "flexdemo-paper", "demo-paper"]
+Transform = Literal["dct", "none"]
 
 UPDATES: tuple[str, ...] = get_args(Update)
 REPLICATORS: tuple[str, ...] = get_args(Replicator)
@@ -37,6 +38,7 @@ VALUE_DTYPE_CHOICES: tuple[str, ...] = get_args(ValueDtype)
 NONFINITE_ACTIONS: tuple[str, ...] = get_args(NonfiniteAction)
 DRIFT_ACTIONS: tuple[str, ...] = get_args(DriftAction)
 PRESET_NAMES: tuple[str, ...] = get_args(Preset)
+TRANSFORMS: tuple[str, ...] = get_args(Transform)
 
 DEFAULT_RATE = 1 / 4  # the rate used when neither compression_rate, compression_topk nor a budget is set
 DEFAULT_CHUNK = 32
@@ -51,6 +53,7 @@ DEFAULTS: dict[str, Any] = {
     "compression_rate": None,  # None: DEFAULT_RATE, unless compression_topk or a budget is set
     "compression_topk": None,
     "compression_chunk": DEFAULT_CHUNK,
+    "compression_transform": "dct",
     "compression_decay": 0.999,
     "compression_feedback": 1.0,
     "momentum": "adam",
@@ -74,7 +77,8 @@ DEFAULTS: dict[str, Any] = {
     "outer_momentum": 0.0,
 }
 PER_GROUP: tuple[str, ...] = ("lr", "weight_decay", "betas", "eps", "compression_rate", "compression_topk",
-                              "compression_chunk", "compression_decay", "compression_feedback", "momentum", "update")
+                              "compression_chunk", "compression_transform", "compression_decay",
+                              "compression_feedback", "momentum", "update")
 OPTIMIZER_WIDE: tuple[str, ...] = tuple(key for key in DEFAULTS if key not in PER_GROUP)
 
 
@@ -131,7 +135,8 @@ def validate(knobs: Mapping[str, Any]) -> None:
     get = knobs.get
     for name, accepted in (("momentum", MOMENTUMS), ("update", UPDATES), ("replicator", REPLICATORS),
                            ("consensus", CONSENSUSES), ("value_dtype", VALUE_DTYPE_CHOICES), ("overlap", OVERLAPS),
-                           ("on_nonfinite", NONFINITE_ACTIONS), ("on_drift", DRIFT_ACTIONS)):
+                           ("on_nonfinite", NONFINITE_ACTIONS), ("on_drift", DRIFT_ACTIONS),
+                           ("compression_transform", TRANSFORMS)):
         _choice(knobs, name, accepted)
     ranges = {
         "lr": (lambda v: _number(v) and v >= 0, "a float >= 0"),
@@ -196,6 +201,8 @@ HELP: dict[str, str] = {
     "compression_topk": "DeMo's convention instead of a rate: coefficients kept per block.",
     "compression_chunk": "Largest DCT block side; each side is the largest divisor of the shard dimension not "
                          "above it.",
+    "compression_transform": "What top-k selects from in each block: 'dct' (DeMo's DCT coefficients) or 'none' "
+                             "(the values themselves, as SparseLoCo).",
     "compression_decay": "Momentum decay beta in [0, 1).",
     "compression_feedback": "Fraction in (0, 1] of the sent signal that error feedback removes from the momentum.",
     "momentum": "A gradient enters the momentum as lr * g (lr, DeMo), (1 - decay) * g (ema), or AdamW's "

@@ -62,6 +62,7 @@ from .knobs import (
     Overlap,
     Preset,
     Replicator,
+    Transform,
     Update,
     ValueDtype,
     check,
@@ -108,6 +109,7 @@ class FlexDeMo(Optimizer):
         compression_rate: float | None = _D["compression_rate"],
         compression_topk: int | None = _D["compression_topk"],
         compression_chunk: int = _D["compression_chunk"],
+        compression_transform: Transform = _D["compression_transform"],
         compression_decay: float = _D["compression_decay"],
         compression_feedback: float = _D["compression_feedback"],
         momentum: Momentum = _D["momentum"],
@@ -236,6 +238,7 @@ class FlexDeMo(Optimizer):
         for group in self.param_groups:
             for key in OPTIMIZER_WIDE:
                 group.pop(key, None)
+            group.setdefault("compression_transform", "dct")  # saved before the knob existed
         self.options = {**self.options, **saved}
         params = [p for group in self.param_groups for p in group["params"]]
         for index, saved_state in state_dict["state"].items():

@@ -204,7 +204,8 @@ def build_plan(
             shard = local_shard(p)
             if not shard.numel():
                 continue  # an empty shard: its replicas are empty too, nothing to send or update
-            layout = BlockLayout.for_shape(tuple(shard.shape), group["compression_chunk"])
+            layout = BlockLayout.for_shape(tuple(shard.shape), group["compression_chunk"],
+                                           group["compression_transform"])
             if (g, layout) not in stacks:
                 stacks[g, layout] = Stack(index, layout, group)
                 index += 1

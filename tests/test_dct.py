@@ -68,3 +68,10 @@ def test_flat_positions_address_the_blocks():
     indices = torch.randint(0, 64, (3 * layout.num_blocks, 5))
     blocks = layout.blocks(x).reshape(-1, layout.block_numel)
     assert torch.equal(x.reshape(-1)[layout.flat_positions(3, indices)], blocks.gather(1, indices))
+
+
+def test_no_transform_is_the_identity():
+    x = torch.randn(2, 96, 40, dtype=torch.float64)
+    layout = BlockLayout.for_shape((96, 40), 32, "none")
+    assert torch.equal(_dct(x, layout), x)
+    assert torch.equal(layout.idct(x, out=torch.empty_like(x), scratch=torch.empty_like(x)), x)

@@ -148,18 +148,20 @@ def test_delayed_application_is_the_synchronous_update_one_step_late(update, mom
         assert torch.equal(trained("delayed", steps), trained("none", steps - 1))
 
 
+@pytest.mark.parametrize("transform", ["dct", "none"])
 @pytest.mark.parametrize(("momentum", "update", "beta1", "state"), [
     ("adam", "sgd", 0.9, {"step", "delta", "grad_avg", "grad_avg_sq"}),
     ("lr", "rmsprop", 0.0, {"step", "delta", "exp_avg_sq"}),
 ])
-def test_without_compression_is_adamw(momentum, update, beta1, state):
+def test_without_compression_is_adamw(momentum, update, beta1, state, transform):
     """With every coefficient kept (rate 1, float32 values) the momentum is spent each step, so
     ``momentum="adam"`` (AdamW's own direction into the momentum) with ``update="sgd"`` is torch's AdamW, and
     ``update="rmsprop"`` on DeMo's momentum is torch's AdamW with ``beta1 = 0``."""
     gradients = torch.randn(12, 16, 24, generator=torch.Generator().manual_seed(0))
     ours, reference = nn.Parameter(torch.ones(16, 24)), nn.Parameter(torch.ones(16, 24))
     opt = FlexDeMo([ours], lr=1e-2, weight_decay=0.1, momentum=momentum, update=update, replicator="none",
-                   compression_rate=1.0, compression_chunk=8, value_dtype="float32", drift_check_every=0)
+                   compression_rate=1.0, compression_chunk=8, compression_transform=transform, value_dtype="float32",
+                   drift_check_every=0)
     adamw = torch.optim.AdamW([reference], lr=1e-2, weight_decay=0.1, betas=(beta1, 0.999))
     for gradient in gradients:
         ours.grad, reference.grad = gradient.clone(), gradient.clone()
@@ -167,6 +169,24 @@ def test_without_compression_is_adamw(momentum, update, beta1, state):
         adamw.step()
     torch.testing.assert_close(ours, reference, rtol=0, atol=1e-6)
     assert set(opt.state[ours]) == state
+
+
+def test_without_a_transform_top_k_keeps_each_blocks_largest_values():
+    """``compression_transform="none"`` (SparseLoCo's selection): the step is each 8 x 8 block's 5 largest
+    momentum values, exactly, and error feedback keeps the rest."""
+    gradient = torch.randn(16, 24, generator=torch.Generator().manual_seed(0))
+    weight = nn.Parameter(torch.zeros(16, 24))
+    opt = FlexDeMo([weight], lr=1.0, momentum="lr", update="sgd", replicator="none", compression_transform="none",
+                   compression_topk=5, compression_chunk=8, compression_decay=0.0, value_dtype="float32",
+                   drift_check_every=0)
+    weight.grad = gradient.clone()
+    opt.step()
+    blocks = gradient.view(2, 8, 3, 8).transpose(1, 2).reshape(6, 64)
+    largest = blocks.abs().topk(5, dim=1).indices
+    kept = torch.zeros_like(blocks).scatter(1, largest, blocks.gather(1, largest))
+    kept = kept.view(2, 3, 8, 8).transpose(1, 2).reshape(16, 24)
+    assert torch.equal(weight.detach(), -kept)
+    assert torch.equal(opt.state[weight]["delta"], gradient - kept)
 
 
 @pytest.mark.parametrize("overlap", ["none", "delayed"])
