@@ -13,6 +13,7 @@ iproute2``).
 
     python benchmarks/time_to_target.py                  # as root; links 10, 25 and 1000 Mbit/s, <= 39 min
     python benchmarks/time_to_target.py --budget_s 3600  # AdamW at 10 Mbit/s trained to the target too
+    python benchmarks/time_to_target.py --flexdemo local_steps=4 value_dtype=int2 --out ...  # another FlexDeMo
 
 Target and schedule: the target is AdamW's validation loss at the preset's last step (``--max_steps``, 300)
 + ``--margin_pct`` (2 %), but every run trains with a learning-rate schedule of ``--steps_factor`` (1.5) x
@@ -122,6 +123,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--reserve_adamw_s", type=float, default=120.0,
                         help="training seconds reserved for each slow-link AdamW run still to come (enough steps "
                              "to measure its step time)")
+    harness.add_flexdemo_flag(parser, "FlexDeMoConfig fields of the FlexDeMo runs (default: the package defaults), "
+                                      "e.g. --flexdemo local_steps=4 value_dtype=int2")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "time_to_target_quick.json")
     harness.add_provenance_flags(parser)
     args = parser.parse_args(argv)
@@ -133,6 +136,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.convergence_argv = argv_conv
     args.convergence = convergence.parse_args(argv_conv)  # validates --eval_steps against the target step
     args.convergence.methods = list(METHODS)
+    args.convergence.flexdemo = args.flexdemo
     if args.steps_factor < 1:
         parser.error(f"--steps_factor must be >= 1, got {args.steps_factor:g}")
     args.target_step = args.convergence.max_steps
@@ -164,7 +168,9 @@ def plan(links: list[float | None]) -> list[tuple[str, float | None, bool]]:
 def worker_command(args: argparse.Namespace, link: EmulatedLink, node: int, method: str, out: Path,
                    scratch: Path, target: float | None, max_train_seconds: float) -> list[str]:
     """``convergence.py``'s worker and options (same preset, data and seed), launched as node ``node`` of 2."""
-    worker = convergence.worker_args(args.convergence, method, args.lrs[method], 0, out, scratch / f"output-node{node}")
+    options = args.convergence if method == "flexdemo" else argparse.Namespace(**{**vars(args.convergence),
+                                                                                 "flexdemo": []})
+    worker = convergence.worker_args(options, method, args.lrs[method], 0, out, scratch / f"output-node{node}")
     worker.append(f"--max_train_seconds={max_train_seconds:.1f}")
     if target is not None:
         worker.append(f"--stop_at_eval_loss={target!r}")
@@ -533,7 +539,7 @@ def main() -> None:
             "links_mbit": args.links, "margin_pct": args.margin_pct, "target_step": args.target_step,
             "steps_factor": args.steps_factor, "overhead_s": args.overhead_s,
             "reserve_flexdemo_s": args.reserve_flexdemo_s, "reserve_adamw_s": args.reserve_adamw_s,
-            "flexdemo": "FlexDeMoConfig defaults (no FlexDeMo flag passed)",
+            "flexdemo": args.flexdemo or "FlexDeMoConfig defaults (no FlexDeMo flag passed)",
         },
         "schedule": f"every run: {args.convergence.warmup_steps} warmup steps, then linear decay to 0 at step "
                     f"{args.convergence.max_steps} (--steps_factor {args.steps_factor:g} x the target step "
