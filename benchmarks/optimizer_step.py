@@ -15,7 +15,11 @@ barrier before each step. A step's time is the slowest rank's. Methods, in this 
   (a size-1 sharding group per rank, replication group = world), imported as its authors ship it: it needs their
   ``mltiming`` too (both in the ``bench`` extra); when it cannot be imported the method is skipped and the JSON
   says why (``reference_skipped``);
-* ``flexdemo_sharded``: ``FlexDeMo`` on FSDP2 shards (``build_hybrid_mesh(shard_size=2)``, one node: no exchange).
+* ``flexdemo_sharded``: ``FlexDeMo`` on FSDP2 shards (``build_hybrid_mesh(shard_size=2)``, one node: no exchange);
+* ``flexdemo_local``: ``FlexDeMo`` with ``LOCAL`` (``local_steps=4``, int2 values; DDP style as ``flexdemo``):
+  three inner AdamW steps, then one exchange of the pseudo-gradient. Its warm-up and timed steps are whole
+  rounds (rounded up to multiples of 4) and its figure is the **mean** step over them (a median would hide the
+  exchange step), against AdamW's mean.
 
 ``--nproc N`` launches N ranks instead of 2. With one rank FlexDeMo's replicate group has size 1: the exchange is
 skipped, compression and decode still run (the step's compute cost); ``flexdemo_sharded`` is skipped (nothing to
@@ -69,8 +73,9 @@ CHUNK = DEFAULT_CHUNK
 TOPK = round(DEFAULT_RATE * CHUNK * CHUNK)
 # --model: a configuration name of hf_flexdemo.tiny_t5 (published shapes there) -> vocabulary size
 MODELS = {"t5-small": T5_VOCAB_SIZE, "tiny": 4096}
-METHODS = ("adamw", "flexdemo", "reference", "flexdemo_sharded")
-TARGET_STEP_RATIO, TARGET_BYTES_PER_COEFFICIENT = 2.0, 4.0
+METHODS = ("adamw", "flexdemo", "reference", "flexdemo_sharded", "flexdemo_local")
+LOCAL = {"local_steps": 4, "value_dtype": "int2"}  # the local-steps candidate of sweep grid "local"
+TARGET_STEP_RATIO, TARGET_BYTES_PER_COEFFICIENT, TARGET_LOCAL_STEP_RATIO = 2.0, 4.0, 1.5
 
 
 def reference_unavailable() -> str | None:
@@ -147,10 +152,12 @@ def measure(method: str, args: argparse.Namespace) -> dict[str, Any]:
         optimizer = DeToSGD(params, lr=LR, replicator=replicator, sharding_parallel_group=sharding_group,
                               replication_parallel_group=dist.group.WORLD)
     else:
-        group = dist.group.WORLD if method == "flexdemo" else None
-        optimizer = FlexDeMo(params, lr=LR, replicate_group=group)
+        group = None if method == "flexdemo_sharded" else dist.group.WORLD
+        optimizer = FlexDeMo(params, lr=LR, replicate_group=group, **(LOCAL if method == "flexdemo_local" else {}))
+    rounds = LOCAL["local_steps"] if method == "flexdemo_local" else 1  # whole rounds: every exchange counted
+    warmup, steps = (-(-n // rounds) * rounds for n in (args.warmup, args.steps))
     times = []
-    for step in range(args.warmup + args.steps):
+    for step in range(warmup + steps):
         for param, grad in zip(params, grads):
             param.grad = grad  # the reference replaces .grad by its update: put the same gradient back
         counting = counting_all_gathers(sent) if method == "reference" and step == 0 else contextlib.nullcontext()
@@ -161,7 +168,7 @@ def measure(method: str, args: argparse.Namespace) -> dict[str, Any]:
             optimizer.step()
             synchronize(device)
             elapsed = time.perf_counter() - start
-        if step >= args.warmup:
+        if step >= warmup:
             times.append(elapsed)
     profile = profiled_step(optimizer, params, grads, device) if method == "flexdemo" else None
     value_dtype = None
@@ -169,7 +176,7 @@ def measure(method: str, args: argparse.Namespace) -> dict[str, Any]:
         value_dtype = optimizer.options["value_dtype"]
         stats = optimizer.comm_stats
         sent = {key: stats[key] for key in ("bytes_sent", "collectives", "coefficients")}
-        sent["peers"] = args.nproc - 1 if method == "flexdemo" else 0
+        sent["peers"] = 0 if method == "flexdemo_sharded" else args.nproc - 1
         sent["flag_bytes"] = 1  # the non-finite flag rides in the payload: not a coefficient's bytes
     elif method == "reference":
         sent["replicator_data_transmitted_per_peer"] = replicator.data_transmitted[0]
@@ -292,6 +299,7 @@ def summarize(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
     payload = traffic["bytes_sent"] / traffic["peers"] - traffic.get("flag_bytes", 0) if traffic["peers"] else None
     return {
         "median_s": median,
+        "mean_s": statistics.fmean(seconds),
         "iqr_s": q3 - q1,
         "step_seconds": seconds,
         "step_seconds_per_rank": [r["seconds"] for r in per_rank],
@@ -304,8 +312,9 @@ def summarize(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def table(methods: dict[str, dict[str, Any]]) -> str:
-    columns = ["method", "median s", "IQR s", "/AdamW", "B sent/rank", "kept coef", "B/coef", "colls"]
+    columns = ["method", "median s", "IQR s", "/AdamW", "mean s", "B sent/rank", "kept coef", "B/coef", "colls"]
     rows = [[name, f"{m['median_s']:.4f}", f"{m['iqr_s']:.4f}", f"{m['median_s'] / methods['adamw']['median_s']:.2f}",
+             f"{m['mean_s']:.4f}",
              f"{m['bytes_sent_per_rank'][0]:,}", f"{m['coefficients']:,}",
              "-" if m["bytes_per_coefficient"] is None else f"{m['bytes_per_coefficient']:.2f}",
              m["traffic_rank0"]["collectives"]] for name, m in methods.items()]
@@ -368,6 +377,8 @@ def driver(args: argparse.Namespace) -> None:
     step = {name: m["median_s"] for name, m in methods.items()}
     pairs = (("flexdemo", "adamw"), ("reference", "adamw"), ("reference", "flexdemo"), ("flexdemo_sharded", "adamw"))
     ratios = {f"{a}/{b}": step[a] / step[b] for a, b in pairs if a in step and b in step}
+    if "flexdemo_local" in methods:  # a round's mean step: the exchange step is one in local_steps
+        ratios["flexdemo_local/adamw (mean)"] = methods["flexdemo_local"]["mean_s"] / methods["adamw"]["mean_s"]
     per_coefficient = methods["flexdemo"]["bytes_per_coefficient"]  # None on one rank: nothing is sent
     targets = {
         "flexdemo_step_le_2x_adamw": {"value": ratios["flexdemo/adamw"], "target": TARGET_STEP_RATIO,
@@ -376,6 +387,10 @@ def driver(args: argparse.Namespace) -> None:
             "value": per_coefficient, "target": TARGET_BYTES_PER_COEFFICIENT,
             "met": None if per_coefficient is None else per_coefficient <= TARGET_BYTES_PER_COEFFICIENT},
     }
+    if "flexdemo_local/adamw (mean)" in ratios:
+        local = ratios["flexdemo_local/adamw (mean)"]
+        targets["flexdemo_local_mean_step_le_1.5x_adamw"] = {"value": local, "target": TARGET_LOCAL_STEP_RATIO,
+                                                             "met": local <= TARGET_LOCAL_STEP_RATIO}
     cuda = args.device == "cuda"
     extra = {} if default_run(args) else {
         "device": args.device,
@@ -397,13 +412,15 @@ def driver(args: argparse.Namespace) -> None:
         "warmup_steps": args.warmup,
         "timed_steps": args.steps,
         "settings": {"lr": LR, "compression_rate": DEFAULT_RATE, "compression_chunk": CHUNK, "reference_topk": TOPK,
+                     "flexdemo_local": LOCAL,
                      "flexdemo_update": inspect.signature(FlexDeMo).parameters["update"].default,
                      "flexdemo_value_dtype": ranks["flexdemo"][0]["value_dtype"],  # as the optimizer resolved it
                      "adamw": "torch.optim.AdamW defaults (on CUDA: the foreach implementation)" if cuda else
                               "torch.optim.AdamW defaults (on CPU: the for-loop implementation)"},
         "timing": "optimizer.step() wall time after a barrier"
                   + (", between torch.cuda.synchronize() calls" if cuda else "")
-                  + "; per step the slowest rank; median and IQR over steps",
+                  + "; per step the slowest rank; median and IQR over steps (flexdemo_local: the mean over whole "
+                    "rounds)",
         "bytes_sent": "per rank and step, (R - 1) x the rank's all-gather input (ring), R = replicas; "
                       "flexdemo: comm_stats['bytes_sent']; reference: counted at dist.all_gather",
         "reference_skipped": why_skipped.get("reference"),
