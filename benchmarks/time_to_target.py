@@ -568,7 +568,7 @@ def main() -> None:
     title = (f"Time to AdamW's validation loss at step {args.target_step} + {args.margin_pct:g} % (schedule "
              f"{args.convergence.max_steps} steps)\nT5 d{args.convergence.d_model} "
              f"{args.convergence.num_layers}+{args.convergence.num_layers} layers, Multi30k en->fr, {NODES} nodes x "
-             f"{RANKS_PER_NODE} CPU ranks, FlexDeMo at the package defaults")
+             f"{RANKS_PER_NODE} CPU ranks, FlexDeMo " + (" ".join(args.flexdemo) or "at the package defaults"))
     plot(runs, args.links, target, found, title, args.out.with_suffix(".png"))
     print_table(args.links, found)
     for link, check in report["adamw_exchange_vs_compute"].items():

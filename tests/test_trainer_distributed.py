@@ -72,6 +72,28 @@ def test_resume_from_checkpoint_is_exact(straight, tmp_path):
             assert torch.equal(value, rank_resumed["params"][name]), name
 
 
+def test_local_steps_resume_mid_round_is_exact_and_log_outer_rounds(tmp_path):
+    """local_steps=4 with a checkpoint at step 10, mid-round (exchanges at 4, 8, 12, ...): the resumed run's
+    losses and parameters equal the straight run's, and the logs count the rounds and the amortised bytes."""
+    local = ("--steps", "16", "--logging_steps", "1", "--local_steps", "4", "--value_dtype", "int2", "--topk", "0")
+    ranks = run_worker("trainer_worker", 4, tmp_path / "straight", "--output_dir", str(tmp_path / "straight" / "run"),
+                       "--save_steps", "10", *local)
+    resumed = run_worker("trainer_worker", 4, tmp_path / "resumed", "--output_dir", str(tmp_path / "resumed" / "run"),
+                         "--resume", str(tmp_path / "straight" / "run" / "checkpoint-10"), *local)
+    want, got = _train_losses(ranks[0]["log_history"]), _train_losses(resumed[0]["log_history"])
+    assert all(got[step] == want[step] for step in range(11, 17))
+    for rank_straight, rank_resumed in zip(ranks, resumed):
+        for name, value in rank_straight["params"].items():
+            assert torch.equal(value, rank_resumed["params"][name]), name
+    logs = [e for e in ranks[0]["log_history"] if "loss" in e]
+    assert [e["flexdemo/outer_rounds"] for e in logs] == [step // 4 for step in range(1, 17)]
+    sent = [e["flexdemo/bytes_sent"] for e in logs]
+    assert all((value > 0) == (step % 4 == 0) for step, value in zip(range(1, 17), sent))
+    for a, b in [(0, 2), (1, 3)]:  # step 16 ends a round: every replica restarted from the new anchor
+        for name, value in ranks[a]["params"].items():
+            assert torch.equal(value, ranks[b]["params"][name]), name
+
+
 @pytest.mark.parametrize("method", ["adamw", "demo"])
 def test_baselines_train_through_the_same_trainer(method, tmp_path):
     lr = "3e-3" if method == "adamw" else "1e-3"

@@ -54,6 +54,8 @@ def main() -> None:
     parser.add_argument("--overlap", default="none")
     parser.add_argument("--bucket_cap_mb", type=float, default=25.0)
     parser.add_argument("--reduce_dtype", default="float32")
+    parser.add_argument("--local_steps", type=int, default=1)
+    parser.add_argument("--value_dtype", default="auto")
     args = parser.parse_args()
 
     training_args = TrainingArguments(
@@ -66,7 +68,8 @@ def main() -> None:
     )
     config = FlexDeMoConfig(method=args.method, compression_topk=args.topk or None, compression_chunk=8,
                             update=args.update, shard_size=args.shard_size or None, overlap=args.overlap,
-                            bucket_cap_mb=args.bucket_cap_mb, reduce_dtype=args.reduce_dtype)
+                            bucket_cap_mb=args.bucket_cap_mb, reduce_dtype=args.reduce_dtype,
+                            local_steps=args.local_steps, value_dtype=args.value_dtype)
     model = tiny_t5()
     # Per optimizer step: whether every reduced gradient (this rank's shard) is exactly a bfloat16 value.
     bf16_exact_grads = []
