@@ -11,7 +11,7 @@ header, and each run its invocation's index (``invocation``), so a run names the
     python benchmarks/sweep.py density    # rate x block x lr x replicator, 300 steps: ~3 min per run on 2 cores
     python benchmarks/sweep.py levers     # what closes the gap over 1,000 steps: ~10 min per run
     python benchmarks/sweep.py overlap    # when the exchange runs (none / backward / delayed), 300 steps
-    python benchmarks/sweep.py local      # local steps H x rate x value bits x outer rule (x DCT), 300 steps (74 runs)
+    python benchmarks/sweep.py local      # local steps H x rate x value bits x outer rule (x DCT), 300 steps (75 runs)
     python benchmarks/sweep.py local_long # local steps' candidates and AdamW at 1,000 steps, two seeds (6 runs)
     python benchmarks/sweep.py levers --only "flexdemo lr=0.003 compression_feedback=0.2 momentum=ema"
 """
@@ -182,10 +182,10 @@ GRIDS: dict[str, dict[str, Any]] = {
             # does the DCT help a pseudo-gradient? top-k of the values themselves, as SparseLoCo
             *(_run("flexdemo", 3e-3, local_steps=steps, compression_rate=1 / 4, compression_chunk=32,
                    value_dtype="int2", compression_transform="none") for steps in (2, 4, 8)),
-            # a second seed where a margin is under a point
+            # a second seed where a margin is under a point (H = 1 in float8: the package defaults)
             _run("adamw", 3e-3, seed=7),
             *(_run("flexdemo", 3e-3, local_steps=steps, compression_rate=1 / 4, compression_chunk=32,
-                   value_dtype="int2", seed=7) for steps in (2, 4, 8)),
+                   value_dtype="float8" if steps == 1 else "int2", seed=7) for steps in (1, 2, 4, 8)),
         ],
     },
 }
