@@ -41,7 +41,24 @@ def test_the_quick_convergence_table_is_the_json():
     assert f"{methods['adamw']['final_eval_loss']:.3f}" in README
 
 
-@pytest.mark.parametrize("name", ["replicator_bytes", "convergence_quick"])
+def test_the_time_to_target_figures_are_the_json():
+    data = result("time_to_target_quick")
+    assert f"the target at **{data['compute_only']['seconds']:.1f} s**" in README
+    for link, ratios in data["vs_compute_only"].items():
+        flexdemo, adamw = data["time_to_target"][link]["flexdemo"], data["time_to_target"][link]["adamw"]
+        cells = f"| {flexdemo['seconds']:.1f} (step {flexdemo['step']:.0f}) | **{ratios['flexdemo']:.2f}** |"
+        assert cells in README, link
+        if adamw["reached"]:
+            assert f"| {adamw['seconds']:.1f} (step {adamw['step']:.0f}) | {ratios['adamw']:.2f} |" in README, link
+        else:
+            assert f"≥ {ratios['adamw_lower_bound']:.2f} (projected {ratios['adamw_projected']:.2f})" in README, link
+    assert f"**{data['speedup_to_target']['25']:.2f}** |" in README
+    assert f"{data['speedup_to_target']['25']:.2f} × sooner than AdamW-HSDP" in README
+    assert not any(t[m]["at_boundary"] for t in data["time_to_target"].values() for m in ("adamw", "flexdemo"))
+
+
+@pytest.mark.parametrize("name", ["replicator_bytes", "convergence_quick", "time_to_target_quick", "sweep_local"])
 def test_quoted_results_record_a_clean_commit_taken_at_start(name):
     data = result(name)
-    assert len(data["git_commit"]) == 40 and data["git_dirty"] is False
+    for header in data.get("invocations", [data]):  # a sweep: every invocation that added runs
+        assert len(header["git_commit"]) == 40 and header["git_dirty"] is False
