@@ -28,7 +28,7 @@ bench-quick:
 	$(PYTHON) benchmarks/replicator_bytes.py
 	$(PYTHON) benchmarks/bandwidth.py --quick
 	$(PYTHON) benchmarks/convergence.py --quick
-	$(PYTHON) benchmarks/time_to_target.py --links 25 200
+	$(PYTHON) benchmarks/time_to_target.py
 
 # The sweeps the package defaults come from (hours on 2 cores; each resumes where it stopped).
 bench-defaults:
