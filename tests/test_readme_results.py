@@ -57,7 +57,34 @@ def test_the_time_to_target_figures_are_the_json():
     assert not any(t[m]["at_boundary"] for t in data["time_to_target"].values() for m in ("adamw", "flexdemo"))
 
 
-@pytest.mark.parametrize("name", ["replicator_bytes", "convergence_quick", "time_to_target_quick", "sweep_local"])
+def test_the_local_steps_table_is_the_json():
+    """Every local-steps run of sweep_local.json has its row: final loss, gap against the same seed's AdamW, bytes
+    per step and the ratios against bf16 and fp32 AdamW-HSDP."""
+    runs = [run for run in result("sweep_local")["runs"].values() if run["status"] == "ok"]
+    adamw = {run["knobs"].get("seed", 42): run for run in runs if run["method"] == "adamw"}
+    rows = [line for line in README.splitlines() if line.startswith("| ")]
+    for run in (r for r in runs if r["method"] == "flexdemo"):
+        knobs, base = run["knobs"], adamw[run["knobs"].get("seed", 42)]
+        loss, per_step = run["curve"][-1]["eval_loss"], run["bytes_sent"]["per_step"]
+        base_loss, base_bytes = base["curve"][-1]["eval_loss"], base["bytes_sent"]["per_step"]
+        bytes_cell = f"{per_step:.4g}".replace("e+0", "e")
+        cells = (f"| {knobs['value_dtype']} | {knobs.get('compression_transform', 'dct')} |",
+                 f"| {knobs.get('seed', 42)} | {loss:.3f} | {100 * (loss / base_loss - 1):+.2f} % | {bytes_cell} | "
+                 f"{base_bytes / 2 / per_step:.1f} | {base_bytes / per_step:.1f} |")
+        assert any(line.startswith(f"| {knobs['local_steps']}") and all(c in line for c in cells) for line in rows), \
+            cells
+
+
+def test_the_local_time_to_target_figures_are_the_json():
+    data = result("time_to_target_local")
+    assert data["settings"]["flexdemo"] == ["local_steps=4", "value_dtype=int2"]
+    for link, ratios in data["vs_compute_only"].items():
+        flexdemo = data["time_to_target"][link]["flexdemo"]
+        assert f"| {flexdemo['seconds']:.1f} (step {flexdemo['step']:.0f}) | **{ratios['flexdemo']:.2f}**" in README
+
+
+@pytest.mark.parametrize("name", ["replicator_bytes", "convergence_quick", "time_to_target_quick", "sweep_local",
+                                  "time_to_target_local", "optimizer_step", "selection"])
 def test_quoted_results_record_a_clean_commit_taken_at_start(name):
     data = result(name)
     for header in data.get("invocations", [data]):  # a sweep: every invocation that added runs
