@@ -82,6 +82,7 @@ PAPER = {"momentum": "lr", "update": "sign", "consensus": "choosers", "value_dty
     ("default", {}),
     ("flexdemo-paper", {**PAPER, "compression_topk": 4, "compression_chunk": 8}),  # 4 of 64: the authors' 1/16
     ("demo-paper", {**PAPER, "compression_topk": 32, "compression_chunk": 64}),  # DeMo's 32 of 64 x 64
+    ("local-steps", {"local_steps": 4, "value_dtype": "int2"}),
 ])
 def test_presets_set_their_documented_knobs_in_the_config_and_the_optimizer(preset, documented):
     import torch
@@ -101,7 +102,7 @@ def test_a_knob_set_by_the_caller_overrides_the_preset_and_a_bad_name_is_refused
 
     config = FlexDeMoConfig(flexdemo_preset="demo-paper", update="adamw")
     assert config.update == "adamw" and config.compression_topk == 32
-    accepted = r"accepted: default \| flexdemo-paper \| demo-paper"
+    accepted = r"accepted: default \| flexdemo-paper \| demo-paper \| local-steps"
     with pytest.raises(ValueError, match=rf"invalid flexdemo_preset='paper'; {accepted}"):
         FlexDeMoConfig(flexdemo_preset="paper")
     with pytest.raises(ValueError, match=rf"invalid preset='paper'; {accepted}"):
