@@ -85,6 +85,18 @@ def test_the_local_steps_table_is_the_json():
             cells
 
 
+def test_the_local_steps_1000_step_table_is_the_json():
+    data = result("sweep_local_long")
+    runs = [run for run in data["runs"].values() if run["status"] == "ok"]
+    final = {(run["method"], run["knobs"].get("seed", 42)): run["curve"][-1]["eval_loss"] for run in runs}
+    gaps = [100 * (final["flexdemo", seed] / final["adamw", seed] - 1) for seed in (42, 7)]
+    row = (f"| {final['flexdemo', 42]:.3f} | {final['flexdemo', 7]:.3f} | {gaps[0]:+.2f} % | {gaps[1]:+.2f} % | "
+           f"**{sum(gaps) / 2:+.2f} %** |")
+    assert row in README
+    assert f"| AdamW-HSDP | {final['adamw', 42]:.3f} | {final['adamw', 7]:.3f} |" in README
+    assert f"parity (≤ 2 %, mean of two seeds) is met: {sum(gaps) / 2:+.2f} %" in README
+
+
 def test_the_local_time_to_target_figures_are_the_json():
     data = result("time_to_target_local")
     assert data["settings"]["flexdemo"] == ["local_steps=4", "value_dtype=int2"]
@@ -94,7 +106,8 @@ def test_the_local_time_to_target_figures_are_the_json():
 
 
 @pytest.mark.parametrize("name", ["replicator_bytes", "convergence_quick", "time_to_target_quick", "sweep_local",
-                                  "time_to_target_local", "optimizer_step", "selection", "convergence_quick_xeon"])
+                                  "time_to_target_local", "optimizer_step", "selection", "convergence_quick_xeon",
+                                  "sweep_local_long"])
 def test_quoted_results_record_a_clean_commit_taken_at_start(name):
     data = result(name)
     for header in data.get("invocations", [data]):  # a sweep: every invocation that added runs
