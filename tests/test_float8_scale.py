@@ -64,7 +64,7 @@ def _bits(x: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("consensus", ["choosers", "replicas"])
-@pytest.mark.parametrize("value_dtype", ["bfloat16", "float32", "float8"])
+@pytest.mark.parametrize("value_dtype", ["bfloat16", "float32", "float8", "int4", "int2"])
 @pytest.mark.parametrize("case", [*MAGNITUDES, "zero", "mixed"])
 @pytest.mark.parametrize(("shape", "chunk", "k"), LAYOUTS)
 def test_every_magnitude_decodes_finite_and_as_the_sender_subtracted(shape, chunk, k, case, value_dtype, consensus):
@@ -120,7 +120,7 @@ def test_scale_bounds_are_bfloat16_values():
 
 
 @pytest.mark.parametrize("consensus", ["choosers", "replicas"])
-@pytest.mark.parametrize("value_dtype", ["bfloat16", "float32", "float8"])
+@pytest.mark.parametrize("value_dtype", ["bfloat16", "float32", "float8", "int4", "int2"])
 def test_a_momentum_block_near_1e_39_keeps_parameters_finite(value_dtype, consensus):
     """End to end on one process: the momentum of one 8 x 8 block is ~1e-39 (momentum="lr" adds lr * g, no decay),
     the other block's is ~1. Its kept coefficients include exact zeros; with a zero scale they decoded to 0/0."""
