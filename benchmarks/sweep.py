@@ -45,6 +45,12 @@ def _run(method: str, lr: float, **knobs: Any) -> dict[str, Any]:
     return {"method": method, "lr": lr, "knobs": knobs}
 
 
+def _local(steps: int, *, rate: float = 1 / 4, value_dtype: str = "int2", **knobs: Any) -> dict[str, Any]:
+    """A local-steps run at AdamW's lr on 32 x 32 blocks (grids "local" and "local_long")."""
+    return _run("flexdemo", 3e-3, local_steps=steps, compression_rate=rate, compression_chunk=32,
+                value_dtype=value_dtype, **knobs)
+
+
 GRIDS: dict[str, dict[str, Any]] = {
     "density": {
         "argv": QUICK,
@@ -158,8 +164,7 @@ GRIDS: dict[str, dict[str, Any]] = {
         "argv": LONG,
         "runs": [
             *(_run("adamw", 3e-3, **seed) for seed in ({}, {"seed": 7})),
-            *(_run("flexdemo", 3e-3, local_steps=steps, compression_rate=1 / 4, compression_chunk=32,
-                   value_dtype="int2", **seed) for steps in (4, 8) for seed in ({}, {"seed": 7})),
+            *(_local(steps, **seed) for steps in (4, 8) for seed in ({}, {"seed": 7})),
         ],
     },
     # At the package defaults: "delayed" is one step stale. ("backward" is "none"'s update, bit for bit, tested
@@ -175,17 +180,14 @@ GRIDS: dict[str, dict[str, Any]] = {
         "argv": QUICK,
         "runs": [
             _run("adamw", 3e-3),
-            *(_run("flexdemo", 3e-3, local_steps=steps, compression_rate=rate, compression_chunk=32,
-                   value_dtype=value_dtype, **outer)
+            *(_local(steps, rate=rate, value_dtype=value_dtype, **outer)
               for steps in (1, 2, 4, 8, 16, 32) for rate in (1 / 4, 1 / 16)
               for value_dtype in ("float8", "int4", "int2") for outer in (OUTER if steps > 1 else OUTER[:1])),
             # does the DCT help a pseudo-gradient? top-k of the values themselves, as SparseLoCo
-            *(_run("flexdemo", 3e-3, local_steps=steps, compression_rate=1 / 4, compression_chunk=32,
-                   value_dtype="int2", compression_transform="none") for steps in (2, 4, 8)),
+            *(_local(steps, compression_transform="none") for steps in (2, 4, 8)),
             # a second seed where a margin is under a point (H = 1 in float8: the package defaults)
             _run("adamw", 3e-3, seed=7),
-            *(_run("flexdemo", 3e-3, local_steps=steps, compression_rate=1 / 4, compression_chunk=32,
-                   value_dtype="float8" if steps == 1 else "int2", seed=7) for steps in (1, 2, 4, 8)),
+            *(_local(steps, value_dtype="float8" if steps == 1 else "int2", seed=7) for steps in (1, 2, 4, 8)),
         ],
     },
 }
