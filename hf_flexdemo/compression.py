@@ -144,18 +144,12 @@ def encode_positions(indices: Tensor, block_numel: int) -> tuple[Tensor, Tensor]
     mask = torch.zeros(count, width * 8, dtype=torch.bool, device=indices.device).scatter_(1, indices, True)
     place = mask.cumsum(1, dtype=torch.int16 if width * 8 < 2**15 else torch.int32).gather(1, indices).long() - 1
     ascending = torch.empty_like(indices).scatter_(1, place, indices)
-    bits = mask.view(count, width, 8).view(torch.uint8)
-    packed = bits[..., 0].clone()
-    for bit in range(1, 8):
-        packed.bitwise_or_(bits[..., bit] << bit)
-    return packed, ascending
+    return quantize.pack(mask.view(torch.uint8), 1), ascending
 
 
 def decode_mask(packed: Tensor, block_numel: int) -> Tensor:
     """The ``(..., block_numel)`` bool mask of a bitmask from :func:`encode_positions`."""
-    shifts = torch.arange(8, dtype=torch.uint8, device=packed.device)
-    bits = (packed.unsqueeze(-1) >> shifts).bitwise_and_(1)
-    return bits.view(*packed.shape[:-1], -1)[..., :block_numel].bool()
+    return quantize.unpack(packed, 1)[..., :block_numel].bool()
 
 
 def encode_values(values: Tensor, value_dtype: str) -> list[Tensor]:

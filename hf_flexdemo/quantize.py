@@ -30,6 +30,22 @@ def _offset(bits: int) -> float:
     return (2**bits - 1) / 2
 
 
+def pack(codes: Tensor, bits: int) -> Tensor:
+    """``(..., n)`` uint8 codes below ``2**bits`` packed ``8 // bits`` to a byte, the first in the low bits (``n`` a
+    multiple of ``8 // bits``): the int4/int2 values here and the positions' bitmask (``bits=1``)."""
+    lanes = codes.view(*codes.shape[:-1], -1, 8 // bits)
+    packed = lanes[..., 0].clone()
+    for lane in range(1, 8 // bits):
+        packed.bitwise_or_(lanes[..., lane] << (bits * lane))
+    return packed
+
+
+def unpack(packed: Tensor, bits: int) -> Tensor:
+    """The ``(..., 8 // bits * bytes)`` uint8 codes of :func:`pack`."""
+    shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=packed.device)
+    return (packed.unsqueeze(-1) >> shifts).bitwise_and_(2**bits - 1).flatten(-2)
+
+
 def payload_bytes(k: int, value_dtype: str) -> int:
     """Wire bytes of one block's ``k`` values and its scale."""
     per_byte = 8 // WIDTHS[value_dtype]
@@ -46,20 +62,14 @@ def encode(values: Tensor, value_dtype: str) -> list[Tensor]:
     codes = (values.float() / scale.float()).add_(offset).round_().clamp_(0, 2**bits - 1).to(torch.uint8)
     padded = torch.zeros(count, -(-k // per_byte) * per_byte, dtype=torch.uint8, device=values.device)
     padded[:, :k] = codes
-    lanes = padded.view(count, -1, per_byte)
-    packed = lanes[..., 0].clone()
-    for lane in range(1, per_byte):
-        packed.bitwise_or_(lanes[..., lane] << (bits * lane))
-    return [packed, scale, values.new_empty((0, bits, k), dtype=torch.uint8)]
+    return [pack(padded, bits), scale, values.new_empty((0, bits, k), dtype=torch.uint8)]
 
 
 def decode(pieces: list[Tensor]) -> Tensor:
     """The float32 values of :func:`encode`'s pieces, ``(..., N, k)`` for any leading dimensions."""
     packed, scale, shape = pieces
     bits, k = shape.shape[-2:]
-    shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=packed.device)
-    codes = (packed.unsqueeze(-1) >> shifts).bitwise_and_(2**bits - 1).flatten(-2)[..., :k]
-    return codes.float().sub_(_offset(bits)).mul_(scale.float())
+    return unpack(packed, bits)[..., :k].float().sub_(_offset(bits)).mul_(scale.float())
 
 
 def count(pieces: list[Tensor]) -> int:
