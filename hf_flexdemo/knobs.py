@@ -180,8 +180,9 @@ def validate(knobs: Mapping[str, Any]) -> None:
           get("value_dtype"), "'bfloat16' | 'float32' with replicator='random' (its all-reduce sums values; "
           "per-block scales do not add up), or replicator='demo' for float8 | int4 | int2")
     if get("local_steps", 1) > 1:
-        check(get("overlap") in ("none", None), "overlap", get("overlap"),
-              "'none' with local_steps > 1 (the exchange runs once a round, inside step())")
+        check(get("overlap") in ("none", "delayed", None), "overlap", get("overlap"),
+              "'none' | 'delayed' with local_steps > 1 (the exchange runs once a round, from step(): waited for "
+              "there, or travelling during the next round)")
         check(get("budget_fraction") is None, "budget_fraction", get("budget_fraction"),
               "None with local_steps > 1 (a time budget measures every step's exchange)")
     if get("budget_bytes") is not None or get("budget_fraction") is not None:

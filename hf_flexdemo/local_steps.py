@@ -12,6 +12,14 @@ DiLoCo and SparseLoCo between nodes, FSDP2 inside them. Per step and parameter s
   ``anchor <- anchor - outer_lr * Q`` (SparseLoCo) or with Nesterov momentum ``outer_momentum`` (DiLoCo),
   and every replica restarts from it (``local <- anchor``): replicas are bit-identical after each exchange.
 
+Streaming (``overlap="delayed"``, Streaming DiLoCo's one-round-late application): the round's exchange is
+started at its end and travels while the next round's H inner steps compute; at the end of that round it is
+waited for (a link that carries it within a round is never waited on) and ``Q`` moves the anchor then. So
+round r's pseudo-gradient, measured from the anchor round r started at, reaches the anchor at round r+1's
+end, and round r+1 starts from an anchor without round r's progress. Replicas still restart from one anchor
+at every round's end and stay bit-identical; ``state_dict`` holds the exchange in flight as
+``pending_delta``/``pending_update`` (4 more bytes per parameter until the round ends).
+
 ``compression_decay`` is reused as the error-feedback decay: ``delta`` is the same buffer in the same role
 (what compression held back, decayed once per exchange), and its default 0.999 is all but the plain error
 feedback the probe measured (DESIGN.md section 8). A skipped round (a non-finite pseudo-gradient on some
@@ -40,6 +48,7 @@ if TYPE_CHECKING:
 
 FLOAT32_KEYS = ("anchor", "outer_avg")  # besides delta, which the optimizer already keeps in float32
 LOCAL_KEY = "local"  # mid-round state_dict only: this rank's parameter shard
+PENDING_KEYS = ("pending_delta", "pending_update")  # overlap="delayed", between the hold and the round's end
 
 
 def outer_step(anchor: Tensor, q: Tensor, outer_avg: Tensor | None, *, lr: float, momentum: float) -> None:
@@ -60,6 +69,7 @@ class LocalSteps:
         self.every = optimizer.options["local_steps"]
         self.lr = optimizer.options["outer_lr"]
         self.momentum = optimizer.options["outer_momentum"]
+        self.streaming = optimizer.options["overlap"] == "delayed"
 
     def new_state(self, state: dict[str, Any], p: Tensor, group: dict[str, Any]) -> dict[str, Any]:
         """``p``'s state, filled on first use: the inner AdamW's moments, the anchor (``p`` now), the error
@@ -81,13 +91,48 @@ class LocalSteps:
         self._inner(stacks)
         if (self.optimizer.steps + 1) % self.every:
             return
+        if self.streaming:
+            self._end_round_streaming(stacks)
+            return
         opt = self.optimizer
         opt._in_flight.launch(stacks, kept=opt._kept, step=opt.steps, timing=[], stats=opt._stats,
                               momentum=self.pseudo_gradient)
         skipped = opt._resolve_and_apply(rule=self._outer)
+        self._restart(stacks, clean=skipped)
+
+    def _end_round_streaming(self, stacks: list[Stack]) -> None:
+        """``overlap="delayed"``: the previous round's exchange, in flight during this round, is waited for and
+        its consensus applied to the anchor; this round's pseudo-gradient (from the anchor the round started at)
+        starts its exchange, which the next round's inner steps overlap; every replica restarts from the anchor."""
+        opt = self.optimizer
+        if opt._in_flight.exchanges:
+            opt._hold()  # the consensus and error feedback of the last round, as state (also what state_dict saves)
+        pending, opt._pending = opt._pending, None
+        if pending is not None:
+            for stack in stacks:
+                stack.momentum = stack_rows(stack.states, "pending_delta")
+                if pending["skip"]:
+                    stack.discard()
+                else:
+                    stack.commit(spent=False)
+            if pending["skip"]:
+                opt._skip(pending["step"], pending["own_nonfinite"])
+        opt._in_flight.launch(stacks, kept=opt._kept, step=opt.steps, timing=[], stats=opt._stats,
+                              momentum=self.pseudo_gradient)
+        for stack in stacks:
+            if pending is not None and not pending["skip"]:
+                self._outer(stack, stack_rows(stack.states, "pending_update"))
+            for state in stack.states:
+                for key in PENDING_KEYS:
+                    state.pop(key, None)
+        self._restart(stacks, clean=True)  # this round's own verdict arrives a round late: clean the moments now
+
+    @staticmethod
+    def _restart(stacks: list[Stack], *, clean: bool) -> None:
+        """Every replica continues from the anchor; ``clean``: the inner moments' non-finite entries become 0."""
         for stack in stacks:
             torch._foreach_copy_(stack.shards(), list(stack_rows(stack.states, "anchor").unbind(0)))
-            if skipped:
+            if clean:
                 for state in stack.states:
                     for key in ("exp_avg", "exp_avg_sq"):
                         torch.nan_to_num_(state[key], nan=0.0, posinf=0.0, neginf=0.0)

@@ -26,7 +26,8 @@ When the exchange happens (``overlap``):
   bucket's node-averaged shards are final, so the network carries it while backward computes the rest;
   ``step()`` waits, decodes and applies (bit-identical to ``"none"``; only the collectives are split);
 * ``"delayed"``: ``step()`` applies the previous step's consensus and starts this step's exchange, which
-  then travels during the next forward and backward (one step of staleness, as in Psyche).
+  then travels during the next forward and backward (one step of staleness, as in Psyche); with
+  ``local_steps > 1``, during the next round's inner steps (:mod:`hf_flexdemo.local_steps`).
 
 What a GPU cluster needs from ``step()``: the collectives that cross nodes carry the payload (the
 non-finite flag rides in it), one tiny all-reduce stays inside the node (the flag, made job-wide), and
@@ -382,7 +383,9 @@ class FlexDeMo(Optimizer):
 
     def _hold(self) -> None:
         """``overlap="delayed"``: wait for the exchange in flight, decide, and keep the decoded consensus and
-        the candidate momentum as per-parameter state until the step that applies them."""
+        the candidate momentum as per-parameter state until the step that applies them (with local steps, until
+        the next round's end)."""
+        launched_at = self._in_flight.step
         stacks, received, skip, own_nonfinite = self._resolve()
         for stack, payload in zip(stacks, received):
             if not skip:
@@ -392,7 +395,7 @@ class FlexDeMo(Optimizer):
             for key, rows in stack.candidate().items():
                 set_rows(stack.states, f"pending_{key}", rows)
         self._pending = {"skip": skip, "own_nonfinite": own_nonfinite, "lrs": [stack.lr for stack in stacks],
-                         "step": self.steps - 1}
+                         "step": launched_at}
 
     def _apply_pending(self) -> None:
         """``overlap="delayed"``: commit and apply the held consensus of the previous step (or skip it)."""
@@ -463,12 +466,13 @@ class _InFlight:
         self.replicator, self.workspace, self.device = replicator, workspace, device
         self.exchanges: list[Exchange] = []
         self.flags: list[Tensor] = []  # this rank's own non-finite flags
+        self.step = 0  # the optimizer step that launched the exchanges in flight
 
     def launch(self, stacks: list[Stack], *, kept: Callable[[Stack], int], step: int, timing: list[Tensor],
                stats: CommStats, momentum: Callable[[Stack], Tensor] = Stack.new_momentum) -> None:
         """The new ``momentum`` and payload of every stack, then their collective, the non-finite flag (and a time
         budget's ``timing``) riding in it. Non-finite values are zeroed before they are encoded."""
-        replicator, payloads = self.replicator, []
+        replicator, payloads, self.step = self.replicator, [], step
         with record_function("FlexDeMo::compress"):
             for stack in stacks:
                 stack.momentum, stack.lr = momentum(stack), stack.group["lr"]

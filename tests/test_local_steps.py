@@ -74,7 +74,7 @@ def test_invalid_knobs_name_field_value_and_accepted(knob, value):
         FlexDeMo(mlp().parameters(), **{knob: value})
 
 
-@pytest.mark.parametrize(("given", "named"), [({"overlap": "delayed"}, "overlap"),
+@pytest.mark.parametrize(("given", "named"), [({"overlap": "backward"}, "overlap"),
                                               ({"budget_fraction": 0.1}, "budget_fraction")])
 def test_local_steps_refuse_a_per_step_schedule(given, named):
     with pytest.raises(ValueError, match=f"invalid {named}="):
@@ -148,3 +148,37 @@ def test_state_dict_mid_round_holds_the_local_shard_and_round_boundary_does_not(
         assert torch.equal(a, b)
     train(model, opt, 1)
     assert not any("local" in s for s in opt.state_dict()["state"].values())
+
+
+def _linear_run(overlap: str, lrs: list[float]) -> list[list[float]]:
+    """One parameter of 4 zeros under the loss ``sum(p)`` (gradient 1), local_steps=2 with a lossless wire
+    (every coefficient, float32, no transform) and outer SGD at lr 1; AdamW with betas 0.5 and a tiny eps moves
+    every entry by exactly the step's lr. The parameter after each step."""
+    p = nn.Parameter(torch.zeros(4))
+    opt = FlexDeMo([p], lr=lrs[0], local_steps=2, replicator="none", overlap=overlap, compression_rate=1.0,
+                   compression_transform="none", value_dtype="float32", betas=(0.5, 0.5), eps=1e-12,
+                   weight_decay=0.0, drift_check_every=0)
+    seen = []
+    for lr in lrs:
+        opt.param_groups[0]["lr"] = lr
+        p.sum().backward()
+        opt.step()
+        opt.zero_grad()
+        seen.append(p.detach().tolist())
+    return seen
+
+
+LRS = [0.5, 0.25, 0.125, 0.0625, 0.03125, 0.015625, 0.0078125, 0.00390625]  # round r's progress: 0.75 / 4^r
+
+
+@pytest.mark.parametrize(("overlap", "expected"), [
+    # a round's pseudo-gradient moves the anchor at that round's end (its 4 steps: 0.75, 0.1875, 0.046875, ...)
+    ("none", [-0.5, -0.75, -0.875, -0.9375, -0.96875, -0.984375, -0.9921875, -0.99609375]),
+    # streaming: round 1's 0.75 reaches the anchor at round 2's end, round 2's 0.1875 at round 3's; each round
+    # starts from the anchor without its predecessor's progress
+    ("delayed", [-0.5, 0.0, -0.125, -0.75, -0.78125, -0.9375, -0.9453125, -0.984375]),
+])
+def test_streaming_applies_each_round_exactly_one_round_late(overlap, expected):
+    seen = _linear_run(overlap, LRS)
+    torch.testing.assert_close(torch.tensor(seen), torch.tensor(expected).unsqueeze(1).expand(-1, 4),
+                               rtol=0, atol=1e-6)

@@ -14,7 +14,10 @@ from hf_flexdemo.replicators import exchange_bytes
 pytestmark = pytest.mark.multiprocess
 
 CASES = ["averaging", "habits,topology=2x2,value_dtype=int2", "habits,topology=1x4,value_dtype=int4,local_steps=2",
-         "resume,value_dtype=int4"]
+         "habits,topology=2x2,value_dtype=int2,overlap=delayed", "resume,value_dtype=int4",
+         "resume,value_dtype=int4,overlap=delayed"]
+HABITS = [case for case in CASES if case.startswith("habits")]
+RESUMES = [case for case in CASES if case.startswith("resume")]
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +34,7 @@ def test_full_replicator_with_outer_sgd_is_periodic_averaging(suite):
             torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("case", CASES[1:3])
+@pytest.mark.parametrize("case", HABITS)
 def test_inner_steps_are_silent_and_an_exchange_crosses_nodes_once(suite, case):
     for rank, rank_result in enumerate(suite):
         result = rank_result[case]
@@ -45,7 +48,7 @@ def test_inner_steps_are_silent_and_an_exchange_crosses_nodes_once(suite, case):
             assert log["syncs"] == ["item"], log["syncs"]  # the skip decision
 
 
-@pytest.mark.parametrize("case", CASES[1:3])
+@pytest.mark.parametrize("case", HABITS)
 def test_replicas_bit_identical_after_every_exchange(suite, case):
     replica_pairs = [(0, 2), (1, 3)] if "2x2" in case else [(0, 1), (0, 2), (0, 3)]
     for a, b in replica_pairs:
@@ -55,7 +58,7 @@ def test_replicas_bit_identical_after_every_exchange(suite, case):
     assert len(suite[0][case]["after_exchange"]) == 3
 
 
-@pytest.mark.parametrize("case", CASES[1:3])
+@pytest.mark.parametrize("case", HABITS)
 def test_bytes_equal_the_formula_on_exchange_steps_only(suite, case):
     """R = 2 (2 nodes x 2, int2) and R = 4 (4 nodes x 1, int4): amortised, H - 1 steps of 0 and one of the formula."""
     for rank in suite:
@@ -72,9 +75,12 @@ def test_bytes_equal_the_formula_on_exchange_steps_only(suite, case):
         assert expected > 0
 
 
-def test_resume_mid_round_continues_bit_identically(suite):
+@pytest.mark.parametrize("case", RESUMES)
+def test_resume_mid_round_continues_bit_identically(suite, case):
+    """Saved one step into the second round: with overlap="delayed", the first round's exchange is in flight."""
     for rank in suite:
-        result = rank["resume,value_dtype=int4"]
+        result = rank[case]
         assert result["equal"]
         assert {"anchor", "delta", "exp_avg", "exp_avg_sq", "outer_avg", "local", "step"} <= set(result["keys"])
         assert result["options"]["local_steps"] == 3 and result["options"]["outer_momentum"] == 0.9
+        assert ({"pending_delta", "pending_update"} <= set(result["keys"])) == ("delayed" in case)

@@ -63,7 +63,8 @@ def case_habits(args) -> dict:
     shard_size = {"2x2": 2, "1x4": 1}[args.topology]
     model, group = sharded(shard_size)
     opt = FlexDeMo(model.parameters(), lr=1e-3, replicate_group=group, local_steps=int(args.local_steps),
-                   compression_rate=0.25, compression_chunk=8, value_dtype=args.value_dtype, drift_check_every=0)
+                   compression_rate=0.25, compression_chunk=8, value_dtype=args.value_dtype, drift_check_every=0,
+                   overlap=args.overlap)
     logs, stats, after_exchange = [], [], []
     for step in range(3 * int(args.local_steps)):  # the first round unobserved: it creates the state
         model(**batch(step, dist.get_rank())).loss.backward()
@@ -86,7 +87,7 @@ def case_resume(args) -> dict:
     (the parameters overwritten, as a checkpoint of one replica's would), then the rest: bitwise equal."""
     rounds = int(args.local_steps)
     kwargs = dict(lr=3e-3, local_steps=rounds, value_dtype=args.value_dtype, outer_lr=0.7, outer_momentum=0.9,
-                  compression_rate=0.25, compression_chunk=8)
+                  compression_rate=0.25, compression_chunk=8, overlap=args.overlap)
 
     def train(model, opt, steps):
         for step in steps:
@@ -112,4 +113,4 @@ def case_resume(args) -> dict:
 
 
 if __name__ == "__main__":
-    main(globals(), {"steps": "6", "local_steps": "3", "topology": "2x2", "value_dtype": "int2"})
+    main(globals(), {"steps": "6", "local_steps": "3", "topology": "2x2", "value_dtype": "int2", "overlap": "none"})
