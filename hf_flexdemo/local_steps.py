@@ -35,6 +35,8 @@ Trainer checkpoint keeps one replica's parameters and the others' differ until t
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -166,6 +168,25 @@ class LocalSteps:
         states = stack.states
         outer_avg = stack_rows(states, "outer_avg") if self.momentum else None
         outer_step(stack_rows(states, "anchor"), q, outer_avg, lr=self.lr, momentum=self.momentum)
+
+    @contextmanager
+    def anchored(self) -> Iterator[None]:
+        """Mid-round, the parameters hold the anchor inside the block and this node's local values again after it
+        (restored bit for bit); at a round's end they already are the anchor."""
+        opt = self.optimizer
+        params = [p for group in opt.param_groups for p in group["params"] if "anchor" in opt.state.get(p, {})]
+        if not opt.steps % self.every or not params:
+            yield
+            return
+        shards = [local_shard(p) for p in params]
+        held = [shard.detach().clone() for shard in shards]
+        with torch.no_grad():
+            torch._foreach_copy_(shards, [opt.state[p]["anchor"] for p in params])
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                torch._foreach_copy_(shards, held)
 
     def save(self, state: dict[str, Any]) -> None:
         """Mid-round, add each parameter's local shard to ``state`` (a ``state_dict``; ``self.state`` is untouched)."""

@@ -40,7 +40,8 @@ from __future__ import annotations
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -256,6 +257,18 @@ class FlexDeMo(Optimizer):
             self._pending["own_nonfinite"] = self._pending.pop("here")
         if self._local is not None:
             self._local.load(state_dict)
+
+    @contextmanager
+    def consensus_parameters(self) -> Iterator[None]:
+        """Inside the block the parameters hold the replicas' last consensus, the model to evaluate and save: with
+        ``local_steps > 1`` in the middle of a round, the anchor instead of this node's local values (put back on
+        exit, bit for bit); otherwise the parameters already are the consensus. Under FSDP2, reshard the modules
+        before and after the block (FlexDeMoTrainer does): the root keeps its gathered parameters after a forward."""
+        if self._local is None:
+            yield
+            return
+        with self._local.anchored():
+            yield
 
     def pop_exchange_seconds(self) -> float:
         """Seconds this rank waited for inter-node collectives since the last call (syncs on CUDA)."""

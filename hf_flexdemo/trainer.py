@@ -6,6 +6,8 @@ What it changes in ``Trainer``, and why:
   and the launcher's topology (see :mod:`hf_flexdemo.topology`); on CPU, :mod:`hf_flexdemo.cpu_fsdp`;
 * the optimizer: FlexDeMo on the replicate group (``create_optimizer``; ``optimizers=`` is refused
   by ``Trainer`` under FSDP), with DDP's gradient all-reduce switched off where DDP wraps the model;
+* evaluation, prediction and saved weights see the replicas' consensus: with local steps, in the middle of a
+  round, the anchor rather than one node's local values (``FlexDeMo.consensus_parameters``);
 * checkpoints: per-rank optimizer state, the topology, a completion marker (:mod:`hf_flexdemo.checkpoint`);
 * logs: ``flexdemo/*`` traffic metrics (:mod:`hf_flexdemo.comm_metrics`); the model card.
 """
@@ -24,7 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 from accelerate.utils import FullyShardedDataParallelPlugin, save_fsdp_model
-from torch.distributed.fsdp import MixedPrecisionPolicy
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
 from torch.nn.parallel import DistributedDataParallel
 from transformers import Seq2SeqTrainer, Trainer, TrainingArguments
 from transformers.trainer import SCHEDULER_NAME
@@ -211,6 +213,40 @@ class FlexDeMoTrainer(Trainer):
                 logs["flexdemo/outer_rounds"] = self.flexdemo_optimizer.steps // local
         super().log(logs, start_time)
 
+    # ---- the model that is evaluated and saved ------------------------------------------------
+
+    @contextlib.contextmanager
+    def _consensus(self) -> Iterator[None]:
+        """With local steps, mid-round: the anchor (every node's last consensus), not this node's local values.
+
+        FSDP2 keeps the root module's gathered parameters after a forward (``reshard_after_forward`` is off for
+        the root), so the modules are resharded around the swap: no forward sees a stale gathered copy."""
+        optimizer = self.flexdemo_optimizer
+        if optimizer is None or optimizer.options["local_steps"] == 1:
+            yield
+            return
+        fsdp_modules = [m for m in self.model.modules() if isinstance(m, FSDPModule)]
+        for module in fsdp_modules:
+            module.reshard()
+        with optimizer.consensus_parameters():
+            try:
+                yield
+            finally:
+                for module in fsdp_modules:
+                    module.reshard()
+
+    def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
+        with self._consensus():
+            return super().evaluate(*args, **kwargs)
+
+    def predict(self, *args: Any, **kwargs: Any):
+        with self._consensus():
+            return super().predict(*args, **kwargs)
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        with self._consensus():
+            super().save_model(output_dir, _internal_call)
+
     # ---- checkpoints -------------------------------------------------------------------------
 
     def _setup_record(self) -> dict[str, Any]:
@@ -247,7 +283,8 @@ class FlexDeMoTrainer(Trainer):
             super()._save_optimizer_and_scheduler(output_dir)
             return
         if self.is_fsdp_enabled:  # the weights `_load_from_checkpoint` reads back under FSDP
-            save_fsdp_model(self.accelerator.state.fsdp_plugin, self.accelerator, self.model, output_dir)
+            with self._consensus():  # mid-round, each rank's local values travel in its optimizer state
+                save_fsdp_model(self.accelerator.state.fsdp_plugin, self.accelerator, self.model, output_dir)
         checkpoint.save_optimizer(optimizer, output_dir, self.args.process_index)
         if self.args.should_save:
             checkpoint.write_topology(output_dir, self._setup_record())

@@ -182,3 +182,16 @@ def test_streaming_applies_each_round_exactly_one_round_late(overlap, expected):
     seen = _linear_run(overlap, LRS)
     torch.testing.assert_close(torch.tensor(seen), torch.tensor(expected).unsqueeze(1).expand(-1, 4),
                                rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("overlap", ["none", "delayed"])
+def test_consensus_parameters_are_the_anchor_mid_round_and_the_local_values_come_back(overlap):
+    model = mlp()
+    opt = FlexDeMo(model.parameters(), lr=1e-2, local_steps=3, replicator="none", overlap=overlap)
+    train(model, opt, 4)  # one step into the second round
+    local = [p.detach().clone() for p in model.parameters()]
+    with opt.consensus_parameters():
+        for p in model.parameters():
+            assert torch.equal(p, opt.state[p]["anchor"])
+    for p, held in zip(model.parameters(), local):
+        assert torch.equal(p, held) and not torch.equal(p, opt.state[p]["anchor"])

@@ -87,10 +87,13 @@ def main() -> None:
               for n, p in trainer.model.named_parameters()}
     with torch.no_grad():
         logits = trainer.model(**fixed_batch()).logits.detach().clone()
+        with trainer._consensus():
+            consensus_logits = trainer.model(**fixed_batch()).logits.detach().clone()
     result = {
         "log_history": trainer.state.log_history,
         "params": params,
         "logits": logits,
+        "consensus_logits": consensus_logits,
         "comm_stats": None if opt is None else opt.comm_stats,
         "topology": trainer.topology.as_dict(),
         "fsdp": trainer.is_fsdp_enabled,
