@@ -11,7 +11,7 @@ header, and each run its invocation's index (``invocation``), so a run names the
     python benchmarks/sweep.py density    # rate x block x lr x replicator, 300 steps: ~3 min per run on 2 cores
     python benchmarks/sweep.py levers     # what closes the gap over 1,000 steps: ~10 min per run
     python benchmarks/sweep.py overlap    # when the exchange runs (none / backward / delayed), 300 steps
-    python benchmarks/sweep.py local      # H x rate x value bits x outer rule (x DCT, streaming), 300 steps (79 runs)
+    python benchmarks/sweep.py local      # H x rate x value bits x outer rule (x DCT, streaming), 300 steps (81 runs)
     python benchmarks/sweep.py local_long # local steps' candidates and AdamW at 1,000 steps, two seeds (8 runs)
     python benchmarks/sweep.py levers --only "flexdemo lr=0.003 compression_feedback=0.2 momentum=ema"
 """
@@ -165,7 +165,7 @@ GRIDS: dict[str, dict[str, Any]] = {
         "runs": [
             *(_run("adamw", 3e-3, **seed) for seed in ({}, {"seed": 7})),
             *(_local(steps, **seed) for steps in (4, 8) for seed in ({}, {"seed": 7})),
-            *(_local(4, overlap="delayed", **seed) for seed in ({}, {"seed": 7})),  # streaming, one round late
+            *(_local(4, overlap="delayed", outer_delay=1, **seed) for seed in ({}, {"seed": 7})),  # streaming
         ],
     },
     # At the package defaults: "delayed" is one step stale. ("backward" is "none"'s update, bit for bit, tested
@@ -189,8 +189,9 @@ GRIDS: dict[str, dict[str, Any]] = {
             # a second seed where a margin is under a point (H = 1 in float8: the package defaults)
             _run("adamw", 3e-3, seed=7),
             *(_local(steps, value_dtype="float8" if steps == 1 else "int2", seed=7) for steps in (1, 2, 4, 8)),
-            # streaming: each round's exchange travels during the next round and is applied one round late
-            *(_local(steps, overlap="delayed", **seed) for steps in (2, 4) for seed in ({}, {"seed": 7})),
+            # streaming: each round's exchange travels during the next outer_delay inner steps before it lands
+            *(_local(4, overlap="delayed", outer_delay=delay, **seed) for delay in (1, 2, 4)
+              for seed in ({}, {"seed": 7})),
         ],
     },
 }

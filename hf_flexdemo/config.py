@@ -74,6 +74,7 @@ class FlexDeMoConfig:
     local_steps: int = _knob("local_steps")
     outer_lr: float = _knob("outer_lr")
     outer_momentum: float = _knob("outer_momentum")
+    outer_delay: int = _knob("outer_delay")
     shard_size: int | None = field(
         default=None,
         metadata={"help": "Processes per node (FSDP group size). Default: from the launcher (accelerate's "

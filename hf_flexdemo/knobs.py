@@ -75,6 +75,7 @@ DEFAULTS: dict[str, Any] = {
     "local_steps": 1,
     "outer_lr": 1.0,
     "outer_momentum": 0.0,
+    "outer_delay": 1,
 }
 PER_GROUP: tuple[str, ...] = ("lr", "weight_decay", "betas", "eps", "compression_rate", "compression_topk",
                               "compression_chunk", "compression_transform", "compression_decay",
@@ -164,6 +165,7 @@ def validate(knobs: Mapping[str, Any]) -> None:
                         "an integer >= 1 (1: exchange every step)"),
         "outer_lr": (lambda v: _number(v) and v > 0, "a float > 0 (1.0: the anchor moves by the mean)"),
         "outer_momentum": (lambda v: _number(v) and 0.0 <= v < 1.0, "a float in [0, 1) (0: no outer momentum)"),
+        "outer_delay": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "an int >= 1"),
     }
     for name, (ok, accepted) in ranges.items():
         if name in knobs:
@@ -185,6 +187,9 @@ def validate(knobs: Mapping[str, Any]) -> None:
               "there, or travelling during the next round)")
         check(get("budget_fraction") is None, "budget_fraction", get("budget_fraction"),
               "None with local_steps > 1 (a time budget measures every step's exchange)")
+        check(get("overlap") != "delayed" or get("outer_delay", 1) <= get("local_steps"), "outer_delay",
+              get("outer_delay"), f"1 <= outer_delay <= local_steps={get('local_steps')} (the exchange lands within "
+              "the next round)")
     if get("budget_bytes") is not None or get("budget_fraction") is not None:
         check(get("budget_bytes") is None or get("budget_fraction") is None, "budget_bytes, budget_fraction",
                (get("budget_bytes"), get("budget_fraction")), "one of them (the other None)")
@@ -241,6 +246,9 @@ HELP: dict[str, str] = {
     "outer_lr": "local_steps > 1: the anchor moves by outer_lr times the replicas' mean pseudo-gradient.",
     "outer_momentum": "local_steps > 1: Nesterov momentum of that outer step (DiLoCo: outer_lr 0.7, 0.9); 0: plain "
                       "averaging with error feedback (SparseLoCo).",
+    "outer_delay": "local_steps > 1 with overlap='delayed' (streaming): the inner steps a round's exchange travels "
+                   "during before it moves the anchor (Streaming DiLoCo's tau); the progress of those steps enters "
+                   "error feedback, so replicas restart from one anchor and nothing is lost.",
 }
 PRESET_HELP = ("A named set of knob values applied to the knobs left at their default: default (the package's "
                "measured defaults), flexdemo-paper (the FlexDeMo authors' rule: momentum=lr, update=sign, "

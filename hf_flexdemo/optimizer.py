@@ -135,6 +135,7 @@ class FlexDeMo(Optimizer):
         local_steps: int = _D["local_steps"],
         outer_lr: float = _D["outer_lr"],
         outer_momentum: float = _D["outer_momentum"],
+        outer_delay: int = _D["outer_delay"],
     ) -> None:
         given = knobs.apply_preset(preset, {key: value for key, value in locals().items() if key in DEFAULTS})
         knobs.validate(given)
@@ -336,9 +337,10 @@ class FlexDeMo(Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        # every N steps; with local steps, at the first round boundary (where replicas agree) from there on
+        # every N steps; with local steps, at the first step from there on where replicas agree
         every, rounds = self.options["drift_check_every"], self.options["local_steps"]
-        if every and self.steps % rounds == 0 and self.steps % every < rounds:
+        agreed = self._local is None or self._local.agreed(self.steps)
+        if every and agreed and self.steps % every < rounds:
             self._check_drift()
         plan = self._buckets()
         if self._local is not None:

@@ -150,45 +150,49 @@ def test_state_dict_mid_round_holds_the_local_shard_and_round_boundary_does_not(
     assert not any("local" in s for s in opt.state_dict()["state"].values())
 
 
-def _linear_run(overlap: str, lrs: list[float]) -> list[list[float]]:
+def _linear_run(lrs: list[float], **streaming) -> list[float]:
     """One parameter of 4 zeros under the loss ``sum(p)`` (gradient 1), local_steps=2 with a lossless wire
     (every coefficient, float32, no transform) and outer SGD at lr 1; AdamW with betas 0.5 and a tiny eps moves
     every entry by exactly the step's lr. The parameter after each step."""
     p = nn.Parameter(torch.zeros(4))
-    opt = FlexDeMo([p], lr=lrs[0], local_steps=2, replicator="none", overlap=overlap, compression_rate=1.0,
+    opt = FlexDeMo([p], lr=lrs[0], local_steps=2, replicator="none", compression_rate=1.0,
                    compression_transform="none", value_dtype="float32", betas=(0.5, 0.5), eps=1e-12,
-                   weight_decay=0.0, drift_check_every=0)
+                   weight_decay=0.0, drift_check_every=0, **streaming)
     seen = []
     for lr in lrs:
         opt.param_groups[0]["lr"] = lr
         p.sum().backward()
         opt.step()
         opt.zero_grad()
-        seen.append(p.detach().tolist())
+        assert bool((p == p[0]).all())
+        seen.append(p[0].item())
     return seen
 
 
-LRS = [0.5, 0.25, 0.125, 0.0625, 0.03125, 0.015625, 0.0078125, 0.00390625]  # round r's progress: 0.75 / 4^r
+LRS = [0.5, 0.25, 0.125, 0.0625, 0.03125, 0.015625, 0.0078125, 0.00390625]  # round r's progress: 0.75 / 4^(r-1)
 
 
-@pytest.mark.parametrize(("overlap", "expected"), [
-    # a round's pseudo-gradient moves the anchor at that round's end (its 4 steps: 0.75, 0.1875, 0.046875, ...)
-    ("none", [-0.5, -0.75, -0.875, -0.9375, -0.96875, -0.984375, -0.9921875, -0.99609375]),
-    # streaming: round 1's 0.75 reaches the anchor at round 2's end, round 2's 0.1875 at round 3's; each round
-    # starts from the anchor without its predecessor's progress
-    ("delayed", [-0.5, 0.0, -0.125, -0.75, -0.78125, -0.9375, -0.9453125, -0.984375]),
+@pytest.mark.parametrize(("streaming", "expected"), [
+    # each round's pseudo-gradient (0.75, 0.1875, 0.046875, ...) moves the anchor at the round's end
+    ({}, [-0.5, -0.75, -0.875, -0.9375, -0.96875, -0.984375, -0.9921875, -0.99609375]),
+    # tau = 1: round r's exchange lands one step into round r+1 (anchor -0.75 at step 3, -0.9375 at step 5, ...);
+    # that step's progress (0.125, 0.03125, ...) travels with round r+1's pseudo-gradient
+    ({"overlap": "delayed", "outer_delay": 1}, [-0.5, -0.75, -0.75, -0.8125, -0.9375, -0.953125, -0.984375,
+                                                -0.98828125]),
+    # tau = H: it lands at round r+1's end, one round late, just before round r+1's own exchange starts
+    ({"overlap": "delayed", "outer_delay": 2}, [-0.5, -0.75, -0.875, -0.75, -0.78125, -0.9375, -0.9453125,
+                                                -0.984375]),
 ])
-def test_streaming_applies_each_round_exactly_one_round_late(overlap, expected):
-    seen = _linear_run(overlap, LRS)
-    torch.testing.assert_close(torch.tensor(seen), torch.tensor(expected).unsqueeze(1).expand(-1, 4),
-                               rtol=0, atol=1e-6)
+def test_streaming_lands_each_exchange_outer_delay_steps_late_and_loses_no_progress(streaming, expected):
+    assert _linear_run(LRS, **streaming) == pytest.approx(expected, abs=1e-6)
 
 
-@pytest.mark.parametrize("overlap", ["none", "delayed"])
-def test_consensus_parameters_are_the_anchor_mid_round_and_the_local_values_come_back(overlap):
+@pytest.mark.parametrize(("overlap", "steps"), [("none", 4), ("delayed", 3), ("delayed", 5)])
+def test_consensus_parameters_are_the_anchor_mid_round_and_the_local_values_come_back(overlap, steps):
+    """One step into round 2; streaming (outer_delay 1) also at round 1's end, where the exchange has only started."""
     model = mlp()
     opt = FlexDeMo(model.parameters(), lr=1e-2, local_steps=3, replicator="none", overlap=overlap)
-    train(model, opt, 4)  # one step into the second round
+    train(model, opt, steps)
     local = [p.detach().clone() for p in model.parameters()]
     with opt.consensus_parameters():
         for p in model.parameters():

@@ -64,7 +64,7 @@ def case_habits(args) -> dict:
     model, group = sharded(shard_size)
     opt = FlexDeMo(model.parameters(), lr=1e-3, replicate_group=group, local_steps=int(args.local_steps),
                    compression_rate=0.25, compression_chunk=8, value_dtype=args.value_dtype, drift_check_every=0,
-                   overlap=args.overlap)
+                   overlap=args.overlap, outer_delay=int(args.outer_delay))
     logs, stats, after_exchange = [], [], []
     for step in range(3 * int(args.local_steps)):  # the first round unobserved: it creates the state
         model(**batch(step, dist.get_rank())).loss.backward()
@@ -75,7 +75,7 @@ def case_habits(args) -> dict:
         if step >= opt.options["local_steps"]:
             logs.append(log)
             stats.append(opt.comm_stats)
-        if opt.steps % opt.options["local_steps"] == 0:
+        if opt._local.agreed(opt.steps):  # after an exchange (streaming: after it landed)
             after_exchange.append({n: full(p) for n, p in model.named_parameters()})
     shapes = [tuple(local(p).shape) for p in model.parameters()]
     return {"logs": logs, "comm_stats": stats, "after_exchange": after_exchange, "local_shapes": shapes,
@@ -84,10 +84,11 @@ def case_habits(args) -> dict:
 
 def case_resume(args) -> dict:
     """2H straight steps vs H + 1 steps, ``state_dict`` through bytes into a fresh optimizer built with other knobs
-    (the parameters overwritten, as a checkpoint of one replica's would), then the rest: bitwise equal."""
+    (the parameters overwritten, as a checkpoint of one replica's would), then the rest: bitwise equal. (Streaming
+    with outer_delay 2: saved while round 1's exchange is in flight.)"""
     rounds = int(args.local_steps)
     kwargs = dict(lr=3e-3, local_steps=rounds, value_dtype=args.value_dtype, outer_lr=0.7, outer_momentum=0.9,
-                  compression_rate=0.25, compression_chunk=8, overlap=args.overlap)
+                  compression_rate=0.25, compression_chunk=8, overlap=args.overlap, outer_delay=int(args.outer_delay))
 
     def train(model, opt, steps):
         for step in steps:
@@ -113,4 +114,5 @@ def case_resume(args) -> dict:
 
 
 if __name__ == "__main__":
-    main(globals(), {"steps": "6", "local_steps": "3", "topology": "2x2", "value_dtype": "int2", "overlap": "none"})
+    main(globals(), {"steps": "6", "local_steps": "3", "topology": "2x2", "value_dtype": "int2", "overlap": "none",
+                     "outer_delay": "1"})
