@@ -142,3 +142,5 @@ def test_the_model_card_names_the_mode():
         "local steps: 4 AdamW steps per node, then a compressed pseudo-gradient exchange (plain averaging with "
         "error feedback, outer lr 1)")
     assert "Nesterov outer momentum 0.9" in training_mode(FlexDeMoConfig(local_steps=8, outer_momentum=0.9))
+    assert "lands 2 inner step(s) after" in training_mode(FlexDeMoConfig(local_steps=8, overlap="delayed",
+                                                                          outer_delay=2))
