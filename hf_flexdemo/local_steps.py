@@ -13,14 +13,16 @@ DiLoCo and SparseLoCo between nodes, FSDP2 inside them. Per step and parameter s
   and every replica restarts from it (``local <- anchor``): replicas are bit-identical after each exchange.
 
 Streaming (``overlap="delayed"``, Streaming DiLoCo): a round's exchange starts at its end and the replicas go
-on with their inner steps from where they are; ``outer_delay`` (tau) steps later it lands: ``Q`` moves the
-anchor, the progress those tau steps made (``local at the start - local now``) joins the error feedback, and
-every replica restarts from the anchor. So a link that carries the payload within tau inner steps is never
-waited on, replicas are bit-identical after every landing, and no step's progress is lost: the tau steps'
-share travels with the next round, as everything compression holds back does. (Restarting from the anchor
-right away, with the exchange landing a whole round late, cost 17 % of validation loss at H = 2 in a probe:
-each round then starts without its predecessor's progress.) ``state_dict`` holds an exchange in flight as
-``pending_delta``/``pending_update`` (4 more bytes per parameter until it lands).
+on from where they are; it lands in the ``outer_delay``-th step (tau) after it, before that step's inner
+update: ``Q`` moves the anchor, the progress of the tau - 1 steps between (``local at the start - local
+now``) joins the error feedback, every replica restarts from the anchor, and the step's gradient, computed
+where the replica was, updates it. So the payload travels during tau - 1 whole steps and a forward and
+backward, replicas are bit-identical at every landing (the drift check runs there), and no step's progress
+is lost: the eager steps' share travels with the next round, as everything compression holds back does.
+(Restarting from the anchor right away, with the exchange landing a whole round late, cost 17 % of
+validation loss at H = 2 in a probe at commit 10e915a: each round then started without its predecessor's
+progress.) ``state_dict`` holds an exchange in flight as ``pending_delta``/``pending_update`` (4 more bytes
+per parameter until it lands).
 
 ``compression_decay`` is reused as the error-feedback decay: ``delta`` is the same buffer in the same role
 (what compression held back, decayed once per exchange), and its default 0.999 is all but the plain error
@@ -92,12 +94,12 @@ class LocalSteps:
         return state
 
     def step(self, plan: list[Bucket]) -> None:
-        """One inner step; at the end of a round, the exchange and the outer step (streaming: the exchange
-        starts at the round's end and lands ``outer_delay`` steps later)."""
+        """One inner step; at the end of a round, the exchange and the outer step (streaming: the exchange starts
+        at the round's end and lands at the start of the ``outer_delay``-th step after it)."""
         stacks = [stack for bucket in plan for stack in bucket.stacks]
-        self._inner(stacks)
         opt, done = self.optimizer, self.optimizer.steps + 1
         if not self.streaming:
+            self._inner(stacks)
             if done % self.every == 0:
                 self._launch(stacks)
                 skipped = opt._resolve_and_apply(rule=self._outer)
@@ -105,6 +107,7 @@ class LocalSteps:
             return
         if done % self.every == self.delay % self.every and (opt._in_flight.exchanges or opt._pending is not None):
             self._land(stacks)
+        self._inner(stacks)
         if done % self.every == 0:
             self._launch(stacks)
             for stack in stacks:  # what was held back decays now; the progress until the exchange lands joins it
@@ -118,9 +121,10 @@ class LocalSteps:
                               momentum=self.pseudo_gradient)
 
     def _land(self, stacks: list[Stack]) -> None:
-        """Streaming: wait for the exchange in flight (or take the one ``state_dict`` held), move the anchor by its
-        consensus, add the inner steps' progress since it started to the error feedback, and restart every
-        replica from the anchor."""
+        """Streaming, before a step's inner update: wait for the exchange in flight (or take the one ``state_dict``
+        held), move the anchor by its consensus, add the inner steps' progress since it started to the error
+        feedback, and restart every replica from the anchor (the step's gradient, computed where the replica was,
+        then updates the anchor: one step stale, as ``overlap="delayed"`` is step-wise)."""
         opt = self.optimizer
         if opt._in_flight.exchanges:
             opt._hold()  # the consensus and error feedback as state: also what state_dict saves in flight
@@ -139,13 +143,14 @@ class LocalSteps:
         if pending["skip"]:
             opt._skip(pending["step"], pending["own_nonfinite"])
         self._restart(stacks, clean=True)  # a non-finite round is only known now: clean the moments here
+        if opt.drift_check_due():  # the one point of a round where replicas agree
+            opt._check_drift()
 
     def agreed(self, steps: int) -> bool:
-        """Whether every replica's parameters are the anchor before step ``steps`` (0-based): after a round's
-        exchange, or with streaming after it landed."""
-        if not self.streaming:
-            return steps % self.every == 0
-        return steps == 0 or (steps >= self.every + self.delay and (steps - self.delay) % self.every == 0)
+        """Whether every replica's parameters are the anchor between ``step()`` calls, before step ``steps``
+        (0-based): after a round's exchange; with streaming only before the first step (they agree inside the
+        step that lands an exchange, where its drift check runs)."""
+        return steps % self.every == 0 if not self.streaming else steps == 0
 
     @staticmethod
     def _restart(stacks: list[Stack], *, clean: bool) -> None:

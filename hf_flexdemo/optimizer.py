@@ -337,10 +337,8 @@ class FlexDeMo(Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        # every N steps; with local steps, at the first step from there on where replicas agree
-        every, rounds = self.options["drift_check_every"], self.options["local_steps"]
-        agreed = self._local is None or self._local.agreed(self.steps)
-        if every and agreed and self.steps % every < rounds:
+        # every N steps; with local steps, at the first point from there on where replicas agree
+        if (self._local is None or self._local.agreed(self.steps)) and self.drift_check_due():
             self._check_drift()
         plan = self._buckets()
         if self._local is not None:
@@ -458,6 +456,12 @@ class FlexDeMo(Optimizer):
         self.skipped_steps += 1
 
     # ---- drift -------------------------------------------------------------------------------
+
+    def drift_check_due(self) -> bool:
+        """Whether this step is in a drift-check window: the first ``local_steps`` steps of every
+        ``drift_check_every`` (the first point in it where replicas agree checks)."""
+        every = self.options["drift_check_every"]
+        return bool(every) and self.steps % every < self.options["local_steps"]
 
     def _check_drift(self) -> None:
         """Compare parameter fingerprints across replicas (:func:`hf_flexdemo.guards.check_replicas`)."""

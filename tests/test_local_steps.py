@@ -150,41 +150,47 @@ def test_state_dict_mid_round_holds_the_local_shard_and_round_boundary_does_not(
     assert not any("local" in s for s in opt.state_dict()["state"].values())
 
 
-def _linear_run(lrs: list[float], **streaming) -> list[float]:
-    """One parameter of 4 zeros under the loss ``sum(p)`` (gradient 1), local_steps=2 with a lossless wire
-    (every coefficient, float32, no transform) and outer SGD at lr 1; AdamW with betas 0.5 and a tiny eps moves
-    every entry by exactly the step's lr. The parameter after each step."""
+def _linear_run(lrs: list[float], **streaming) -> tuple[list[float], list[float]]:
+    """One parameter of 4 zeros under the loss ``sum(p)`` (gradient 1 wherever it is), local_steps=2 with a
+    lossless wire (every coefficient, float32, no transform) and outer SGD at lr 1; AdamW with betas 0.5 and a
+    tiny eps moves every entry by exactly the step's lr. The parameter and the anchor after each step."""
     p = nn.Parameter(torch.zeros(4))
     opt = FlexDeMo([p], lr=lrs[0], local_steps=2, replicator="none", compression_rate=1.0,
                    compression_transform="none", value_dtype="float32", betas=(0.5, 0.5), eps=1e-12,
                    weight_decay=0.0, drift_check_every=0, **streaming)
-    seen = []
+    params, anchors = [], []
     for lr in lrs:
         opt.param_groups[0]["lr"] = lr
         p.sum().backward()
         opt.step()
         opt.zero_grad()
         assert bool((p == p[0]).all())
-        seen.append(p[0].item())
-    return seen
+        params.append(p[0].item())
+        anchors.append(opt.state[p]["anchor"][0].item())
+    return params, anchors
 
 
 LRS = [0.5, 0.25, 0.125, 0.0625, 0.03125, 0.015625, 0.0078125, 0.00390625]  # round r's progress: 0.75 / 4^(r-1)
+ON_TIME = [0.0, -0.75, -0.75, -0.9375, -0.9375, -0.984375, -0.984375, -0.99609375]
 
 
-@pytest.mark.parametrize(("streaming", "expected"), [
+@pytest.mark.parametrize(("streaming", "params", "anchors"), [
     # each round's pseudo-gradient (0.75, 0.1875, 0.046875, ...) moves the anchor at the round's end
-    ({}, [-0.5, -0.75, -0.875, -0.9375, -0.96875, -0.984375, -0.9921875, -0.99609375]),
-    # tau = 1: round r's exchange lands one step into round r+1 (anchor -0.75 at step 3, -0.9375 at step 5, ...);
-    # that step's progress (0.125, 0.03125, ...) travels with round r+1's pseudo-gradient
-    ({"overlap": "delayed", "outer_delay": 1}, [-0.5, -0.75, -0.75, -0.8125, -0.9375, -0.953125, -0.984375,
-                                                -0.98828125]),
-    # tau = H: it lands at round r+1's end, one round late, just before round r+1's own exchange starts
-    ({"overlap": "delayed", "outer_delay": 2}, [-0.5, -0.75, -0.875, -0.75, -0.78125, -0.9375, -0.9453125,
-                                                -0.984375]),
+    ({}, [-0.5, -0.75, -0.875, -0.9375, -0.96875, -0.984375, -0.9921875, -0.99609375], ON_TIME),
+    # tau = 1: round r's exchange lands at the start of the next step, whose update then starts from the anchor:
+    # the same parameters here (the gradient does not depend on where it is taken), the anchor one step later
+    ({"overlap": "delayed", "outer_delay": 1}, [-0.5, -0.75, -0.875, -0.9375, -0.96875, -0.984375, -0.9921875,
+                                                -0.99609375], [0.0, *ON_TIME[:-1]]),
+    # tau = H = 2: it lands one round late, after an eager step whose progress (0.125, 0.03125, ...) the replica
+    # gives back to the anchor and sends with the next round
+    ({"overlap": "delayed", "outer_delay": 2}, [-0.5, -0.75, -0.875, -0.8125, -0.84375, -0.953125, -0.9609375,
+                                                -0.98828125], [0.0, 0.0, 0.0, -0.75, -0.75, -0.9375, -0.9375,
+                                                               -0.984375]),
 ])
-def test_streaming_lands_each_exchange_outer_delay_steps_late_and_loses_no_progress(streaming, expected):
-    assert _linear_run(LRS, **streaming) == pytest.approx(expected, abs=1e-6)
+def test_streaming_lands_each_exchange_outer_delay_steps_late_and_loses_no_progress(streaming, params, anchors):
+    got_params, got_anchors = _linear_run(LRS, **streaming)
+    assert got_params == pytest.approx(params, abs=1e-6)
+    assert got_anchors == pytest.approx(anchors, abs=1e-6)
 
 
 @pytest.mark.parametrize(("overlap", "steps"), [("none", 4), ("delayed", 3), ("delayed", 5)])

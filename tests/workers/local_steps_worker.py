@@ -75,8 +75,12 @@ def case_habits(args) -> dict:
         if step >= opt.options["local_steps"]:
             logs.append(log)
             stats.append(opt.comm_stats)
-        if opt._local.agreed(opt.steps):  # after an exchange (streaming: after it landed)
-            after_exchange.append({n: full(p) for n, p in model.named_parameters()})
+        rounds, streaming = opt.options["local_steps"], args.overlap == "delayed"
+        landed = (opt.steps % rounds == int(args.outer_delay) % rounds and opt.steps > rounds if streaming
+                  else opt.steps % rounds == 0)
+        if landed:  # the anchor an exchange just moved (streaming: where every replica restarted in this step)
+            with opt.consensus_parameters():
+                after_exchange.append({n: full(p) for n, p in model.named_parameters()})
     shapes = [tuple(local(p).shape) for p in model.parameters()]
     return {"logs": logs, "comm_stats": stats, "after_exchange": after_exchange, "local_shapes": shapes,
             "replicas": dist.get_world_size(group)}
@@ -88,7 +92,8 @@ def case_resume(args) -> dict:
     with outer_delay 2: saved while round 1's exchange is in flight.)"""
     rounds = int(args.local_steps)
     kwargs = dict(lr=3e-3, local_steps=rounds, value_dtype=args.value_dtype, outer_lr=0.7, outer_momentum=0.9,
-                  compression_rate=0.25, compression_chunk=8, overlap=args.overlap, outer_delay=int(args.outer_delay))
+                  compression_rate=0.25, compression_chunk=8, overlap=args.overlap, outer_delay=int(args.outer_delay),
+                  drift_check_every=1)  # the exact check, wherever replicas agree (streaming: in the landing step)
 
     def train(model, opt, steps):
         for step in steps:
