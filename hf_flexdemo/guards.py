@@ -7,7 +7,14 @@ re-synchronise), or the ranks that carry on wait forever for the ones that stopp
 The non-finite decision costs no collective of its own across nodes: each rank's flag rides in its
 payload (see :mod:`hf_flexdemo.optimizer`), so after the exchange a rank knows the flags of its
 replicate group, and one MAX all-reduce inside the node (:func:`max_in_group`) makes it job-wide.
-The drift check runs every ``drift_check_every`` steps only.
+The drift check runs every ``drift_check_every`` steps only, in one of two ways (``on_drift``):
+
+* exact (``"raise"``, ``"resync"``): replicas must be bit-identical; an 8-byte fingerprint per parameter travels.
+  Right for nodes of one hardware model, whose kernels round alike.
+* bounded (``"tolerate"``, :func:`check_within_bound`): for nodes of unlike hardware, whose inverse DCTs and GEMMs
+  round differently in the last bit, so replicas part by rounding. Replica 0's shards are broadcast, each replica
+  measures its largest difference, raises past ``drift_tolerance * (lr + eps * max|p|)`` and otherwise takes replica
+  0's values, so the replicas are bit-identical again after every check.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .replicate import CommStats, all_gather_into, explained
+from .replicate import CommStats, ReplicateGroup, all_gather_into, explained, pack, unpack
 
 
 def _distributed() -> bool:
@@ -96,3 +103,45 @@ def check_replicas(named: list[tuple[str, Tensor]], group: dist.ProcessGroup | N
     warnings.warn(f"FlexDeMo: replicas differ in {names}; copying replica 0's values (on_drift='resync').",
                   stacklevel=4)
     resync([named[i][1] for i in bad], group)
+
+
+def check_within_bound(named: list[tuple[str, Tensor]], lrs: list[float], tolerance: float, replicate: ReplicateGroup,
+                       shard_group: dist.ProcessGroup | None, stats: CommStats) -> tuple[float, float]:
+    """``on_drift="tolerate"``: compare the named local shards with replica 0's, raise past the bound, else copy them.
+
+    The bound of a shard is ``tolerance * (lr + eps * max|p0|)``: ``lr`` (its group's, in ``lrs``) is the most one
+    step of sign, AdamW or SGD on an Adam direction moves a coordinate, and ``eps * max|p0|`` one rounding of the
+    shard's largest value in its dtype (``eps`` of float32 or bfloat16). Rounding on unlike hardware stays orders
+    below it (``benchmarks/replica_drift.py``); a corrupted node or a bug that makes replicas apply different updates
+    does not. One broadcast and one small all-reduce over the replicate group, one inside the node (the verdict made
+    job-wide), one host sync. Returns the job's largest ``|p - p0|`` and its largest fraction of the bound.
+    """
+    shards = [p for _, p in named]
+    if replicate.size == 1 or not shards:
+        return 0.0, 0.0
+    buffer = pack(shards)
+    source = replicate.broadcast(buffer, stats).wait() if buffer.numel() else buffer
+    drift, used = [], []
+    for shard, reference, lr in zip(shards, unpack(source.view(1, -1), shards), lrs):
+        reference = reference[0]
+        if shard.numel() == 0:
+            drift.append(shard.new_zeros((), dtype=torch.float32))
+            used.append(shard.new_zeros((), dtype=torch.float32))
+            continue
+        difference = (shard.float() - reference.float()).abs().amax()
+        bound = tolerance * (lr + torch.finfo(shard.dtype).eps * reference.float().abs().amax())
+        drift.append(difference)
+        used.append(difference / bound.clamp_min(torch.finfo(torch.float32).tiny))
+        shard.detach().copy_(reference)  # replicas bit-identical again (a raise below ends the run anyway)
+    verdict = replicate.all_reduce_max(torch.stack(used + drift), stats)
+    verdict = max_in_group(verdict, shard_group, stats).tolist()  # the check's one host sync
+    used_values, drift_values = verdict[:len(named)], verdict[len(named):]
+    past = [(name, d, u) for (name, _), d, u in zip(named, drift_values, used_values) if u > 1.0]
+    if past:
+        listed = ", ".join(f"{name} (|p - p0| {d:.3g}, {u:.3g} x its bound)" for name, d, u in past)
+        raise RuntimeError(
+            f"FlexDeMo: replicas differ past the bound in [{listed}] (on_drift='tolerate', drift_tolerance="
+            f"{tolerance:g}: bound = drift_tolerance * (lr + eps * max|p|)). Unlike hardware rounds orders below "
+            "it: a node's parameters were corrupted or replicas apply different updates. Restart from the last "
+            "checkpoint; if the nodes are healthy, raise drift_tolerance.")
+    return max(drift_values), max(used_values)
