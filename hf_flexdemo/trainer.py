@@ -7,7 +7,8 @@ What it changes in ``Trainer``, and why:
 * the optimizer: FlexDeMo on the replicate group (``create_optimizer``; ``optimizers=`` is refused
   by ``Trainer`` under FSDP), with DDP's gradient all-reduce switched off where DDP wraps the model;
 * checkpoints: per-rank optimizer state, the topology, a completion marker (:mod:`hf_flexdemo.checkpoint`);
-* logs: ``flexdemo/*`` traffic metrics (:mod:`hf_flexdemo.comm_metrics`); the model card.
+* logs: ``flexdemo/*`` traffic metrics (:mod:`hf_flexdemo.comm_metrics`), the replicas' measured drift
+  (``on_drift="tolerate"``); the model card.
 """
 
 from __future__ import annotations
@@ -207,6 +208,8 @@ class FlexDeMoTrainer(Trainer):
         if "loss" in logs and self.flexdemo_optimizer is not None:
             logs.update(self.comm_metrics.collect(self.accelerator.device, self.flexdemo_optimizer))
             logs["flexdemo/skipped_steps"] = self.flexdemo_optimizer.skipped_steps
+            # on_drift="tolerate": the last check's measurement, agreed by every rank
+            logs.update({f"flexdemo/{key}": value for key, value in self.flexdemo_optimizer.replica_drift.items()})
             if (local := self.flexdemo_optimizer.options["local_steps"]) > 1:
                 logs["flexdemo/outer_rounds"] = self.flexdemo_optimizer.steps // local
         super().log(logs, start_time)
