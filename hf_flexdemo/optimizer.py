@@ -449,8 +449,7 @@ class FlexDeMo(Optimizer):
         of the step's size (``on_drift="tolerate"``, :func:`hf_flexdemo.guards.check_within_bound`)."""
         named = [(name, local_shard(p)) for name, p in self._named_params()]
         if self.options["on_drift"] != "tolerate":
-            guards.check_replicas(named, self.replicate.group, self.replicate.size, self._device,
-                                  self.options["on_drift"])
+            guards.check_replicas(named, self.replicate, self.shard_group, self.options["on_drift"], self._stats)
             return
         # a schedule's peak (torch schedulers keep it as initial_lr): the largest step since the last check
         peak = {id(p): max(g["lr"], g.get("initial_lr", g["lr"])) for g in self.param_groups for p in g["params"]}

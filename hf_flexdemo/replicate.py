@@ -145,9 +145,8 @@ class ReplicateGroup:
         self.size = 1 if group is None else dist.get_world_size(group)
         self.timer = _Timer()
 
-    def all_gather(self, buffer: Tensor, stats: CommStats) -> Pending:
+    def all_gather(self, buffer: Tensor, stats: CommStats, what: str = "all-gather of the momentum payload") -> Pending:
         """Start gathering every replica's 1-D ``buffer`` (same size everywhere): rows of an ``(R, n)`` tensor."""
-        what = "all-gather of the momentum payload"
         if self.size == 1:
             return Pending(None, buffer.unsqueeze(0), self.timer, what, self.group)
         gathered = buffer.new_empty(self.size * buffer.numel())

@@ -1,6 +1,6 @@
 """Replicas on unlike hardware (issue #22), on 4 gloo ranks (2 nodes x 2): under ``on_drift="tolerate"`` a last-bit
 difference in one node's inverse DCT trains on within the bound and a corrupted parameter stops every rank naming
-it; the exact ``"raise"`` still stops on the last bit; the check's collectives, host sync and bytes."""
+it; the exact ``"raise"`` still stops on the last bit; either check's collectives, host sync and bytes."""
 
 from __future__ import annotations
 
@@ -10,9 +10,12 @@ from launch import run_worker
 
 from hf_flexdemo.replicate import dense_allreduce_bytes
 
+# the fingerprints' all-gather: torch 2.13 deprecates all_gather_into_tensor for all_gather_single
+GATHER = "all_gather_single" if hasattr(torch.distributed, "all_gather_single") else "all_gather_into_tensor"
+
 pytestmark = pytest.mark.multiprocess
 
-CASES = ["lastbit,on_drift=tolerate", "lastbit,on_drift=raise", "corrupt"]
+CASES = ["lastbit,on_drift=tolerate", "lastbit,on_drift=raise", "lastbit,on_drift=resync,steps=22", "corrupt"]
 LR, TOLERANCE = 3e-3, 2.0  # drift_worker's lr, the default drift_tolerance
 NODES = ((0, 1), (2, 3))
 REPLICAS = ((0, 2), (1, 3))
@@ -65,3 +68,16 @@ def test_the_check_stays_on_the_replicate_group_with_one_host_sync_and_counted_b
         assert checking["syncs"] == ["tolist", *plain["syncs"]]  # the verdict; nothing spans all ranks
         extra = result["stats"][20]["bytes_sent"] - result["stats"][21]["bytes_sent"]
         assert extra == result["local_numel"] * 4 // 2 + dense_allreduce_bytes(2 * result["params"], 2)
+
+
+def test_the_exact_check_stays_on_the_replicate_group_too(suite):
+    for rank, result in enumerate(_case(suite, "lastbit,on_drift=resync,steps=22")):
+        assert result["error"] is None and result["step"] == 21
+        replicas = next(pair for pair in REPLICAS if rank in pair)
+        node = next(pair for pair in NODES if rank in pair)
+        checking, plain = result["logs"][20], result["logs"][21]
+        check = [(GATHER, replicas), ("all_reduce", node), ("broadcast", replicas)]  # fingerprints, verdict, copy
+        assert checking["collectives"] == check + plain["collectives"]
+        assert checking["syncs"] == ["tolist", *plain["syncs"]]
+        extra = result["stats"][20]["bytes_sent"] - result["stats"][21]["bytes_sent"]
+        assert extra == 8 * result["params"] + result["local_numel"] * 4 // 2  # every parameter differed

@@ -32,12 +32,12 @@ def _optimizer(on_drift: str, every: int) -> tuple[torch.nn.Module, FlexDeMo]:
 
 
 def case_lastbit(args) -> dict:
-    """200 steps, a check every 20, node 1's inverse DCT one ulp off on every non-zero output."""
+    """``steps`` steps, a check every 20, node 1's inverse DCT one ulp off on every non-zero output."""
     model, opt = _optimizer(args.on_drift, EVERY)
     rank, error, checks, before, logs, stats = dist.get_rank(), None, [], [], {}, {}
     unlike = unlike_inverse_dct(1.0, seed=rank) if rank >= 2 else contextlib.nullcontext()
     with unlike:
-        for step in range(200):
+        for step in range(int(args.steps)):
             mlp_loss(model, step, rank).backward()
             log = {"collectives": [], "syncs": []}
             try:
@@ -77,4 +77,4 @@ def case_corrupt(args) -> dict:
 
 
 if __name__ == "__main__":
-    main(globals(), {"on_drift": "tolerate"})
+    main(globals(), {"on_drift": "tolerate", "steps": "200"})
