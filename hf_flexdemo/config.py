@@ -71,6 +71,7 @@ class FlexDeMoConfig:
     on_nonfinite: NonfiniteAction = _knob("on_nonfinite")
     drift_check_every: int = _knob("drift_check_every")
     on_drift: DriftAction = _knob("on_drift")
+    drift_tolerance: float = _knob("drift_tolerance")
     local_steps: int = _knob("local_steps")
     outer_lr: float = _knob("outer_lr")
     outer_momentum: float = _knob("outer_momentum")

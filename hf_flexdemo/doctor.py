@@ -3,8 +3,10 @@
 Prints, from rank 0, the topology FlexDeMo would use (nodes x processes, which ranks form each
 shard group and each replicate group, on which hosts), the backend and socket interface (on CUDA also
 NCCL's version and the settings that choose its inter-node transport: socket interface, InfiniBand on
-or off), and the measured latency and bandwidth of the replicate groups' links. Warns when a shard group spans
-several hosts (FSDP traffic would cross the slow link) or a replicate group stays on one host.
+or off), and the measured latency and bandwidth of the replicate groups' links; each node's device model and torch,
+CUDA and NCCL versions with the drift policy the run will use (``--on_drift``). Warns when a shard group spans
+several hosts (FSDP traffic would cross the slow link), a replicate group stays on one host, or nodes of unlike
+hardware meet an exact drift policy (their kernels round differently, so bit-identical replicas cannot be kept).
 """
 
 from __future__ import annotations
@@ -12,13 +14,16 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import platform
 import socket
 import statistics
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from .knobs import DEFAULTS, DRIFT_ACTIONS
 from .mesh import build_hybrid_mesh, default_device_type
 from .replicate import all_gather_into
 
@@ -51,11 +56,49 @@ def nccl_report() -> list[str]:
     return lines
 
 
+def _cpu_name() -> str:
+    cpuinfo = Path("/proc/cpuinfo")
+    models = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+              if line.startswith("model name")] if cpuinfo.exists() else []
+    return models[0] if models else platform.processor() or platform.machine()
+
+
+def hardware(device: torch.device) -> dict[str, str]:
+    """This rank's device model and the torch, CUDA and NCCL versions it runs ("-" where there is none)."""
+    cuda = device.type == "cuda"
+    return {"device": torch.cuda.get_device_name(device) if cuda else f"CPU {_cpu_name()}",
+            "torch": torch.__version__, "cuda": torch.version.cuda or "-",
+            "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else "-"}
+
+
+def hardware_report(records: list[dict[str, str]], nodes: list[list[int]], on_drift: str) -> list[str]:
+    """Lines naming each node's hardware (``records`` indexed by rank, ``nodes`` the ranks of each) and the drift
+    policy, with a warning when nodes differ while the policy is an exact one (``raise``, ``resync``)."""
+    lines, kinds = [], []
+    for node, ranks in enumerate(nodes):
+        seen = sorted({tuple(records[r].values()) for r in ranks})
+        kinds += [kind for kind in seen if kind not in kinds]
+        described = "; ".join(f"device {d}, torch {t}, CUDA {c}, NCCL {n}" for d, t, c, n in seen)
+        lines.append(f"node {node} (ranks {ranks}): {described}")
+    lines.append(f"drift policy: on_drift={on_drift!r}")
+    if len(kinds) > 1 and on_drift != "tolerate":
+        lines.append(f"  WARNING: the nodes' hardware or versions differ and on_drift={on_drift!r} is exact: their "
+                     "kernels can round differently, so replicas part in the last bit and the drift check stops the "
+                     "run ('raise') or copies every parameter at each check ('resync'). Use on_drift='tolerate' "
+                     "(FlexDeMoConfig / --on_drift tolerate).")
+    elif len(kinds) == 1 and on_drift == "tolerate":
+        lines.append("  note: every node runs the same hardware and versions: on_drift='raise' checks bit for bit "
+                     "with an 8-byte fingerprint per parameter instead of a copy of the parameters")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shard_size", type=int, default=None, help="processes per node (default: launcher's)")
     parser.add_argument("--megabytes", type=float, default=8.0, help="payload of the bandwidth probe")
     parser.add_argument("--timeout", type=int, default=300, help="seconds before a collective gives up")
+    parser.add_argument("--on_drift", default=DEFAULTS["on_drift"], choices=DRIFT_ACTIONS,
+                        help="the drift policy the run will use (FlexDeMoConfig.on_drift)")
     args = parser.parse_args(argv)
 
     device_type = default_device_type()
@@ -64,6 +107,8 @@ def main(argv: list[str] | None = None) -> None:
     hosts: list[str] = [""] * world
     dist.all_gather_object(hosts, socket.gethostname())
     device = torch.device(device_type, torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
+    records: list[dict[str, str]] = [{}] * world
+    dist.all_gather_object(records, hardware(device))
     group = mesh["dp_replicate"].get_group()
     tiny = torch.zeros(1, device=device)
     payload = torch.zeros(int(args.megabytes * 2**20 / 4), device=device)
@@ -90,6 +135,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"replicate group ranks {ranks} on {where}")
             if len(ranks) > 1 and len(set(where)) == 1:
                 print("  note: this replicate group stays on one host (a simulation, or a wrong shard_size)")
+        print("\n".join(hardware_report(records, rows, args.on_drift)))
         latency, seconds = stats.tolist()
         if len(cols[0]) > 1:
             print(f"replicate link: latency {latency * 1e3:.2f} ms (1-element all-reduce), "

@@ -7,7 +7,18 @@ re-synchronise), or the ranks that carry on wait forever for the ones that stopp
 The non-finite decision costs no collective of its own across nodes: each rank's flag rides in its
 payload (see :mod:`hf_flexdemo.optimizer`), so after the exchange a rank knows the flags of its
 replicate group, and one MAX all-reduce inside the node (:func:`max_in_group`) makes it job-wide.
-The drift check runs every ``drift_check_every`` steps only.
+The drift check runs every ``drift_check_every`` steps only, in one of two ways (``on_drift``):
+
+* exact (``"raise"``, ``"resync"``): replicas must be bit-identical; an 8-byte fingerprint per parameter travels.
+  Right for nodes of one hardware model, whose kernels round alike.
+* bounded (``"tolerate"``, :func:`check_within_bound`): for nodes of unlike hardware, whose inverse DCTs and GEMMs
+  round differently in the last bit, so replicas part by rounding. Replica 0's shards are broadcast, each replica
+  measures its largest difference, raises past ``drift_tolerance * (lr + eps * max|p|)`` and otherwise takes replica
+  0's values, so the replicas are bit-identical again after every check.
+
+Either way the check's collectives stay on the replicate group and the node, as the non-finite decision's: the
+per-parameter verdict, agreed over the replicate group, is made job-wide by one MAX inside the node, and read by
+one host sync.
 """
 
 from __future__ import annotations
@@ -18,11 +29,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .replicate import CommStats, all_gather_into, explained
-
-
-def _distributed() -> bool:
-    return dist.is_available() and dist.is_initialized()
+from .replicate import CommStats, ReplicateGroup, explained, pack, unpack
 
 
 def nonfinite(tensors: list[Tensor], device: torch.device) -> Tensor:
@@ -33,13 +40,14 @@ def nonfinite(tensors: list[Tensor], device: torch.device) -> Tensor:
     return (~finite).to(torch.uint8)
 
 
-def max_in_group(values: Tensor, group: dist.ProcessGroup | None, stats: CommStats) -> Tensor:
-    """Element-wise maximum of a small float32 vector over ``group`` (one all-reduce, no host sync):
-    the non-finite flag OR-ed, and a time budget's measured fraction, over the node."""
+def max_in_group(values: Tensor, group: dist.ProcessGroup | None, stats: CommStats,
+                 what: str = "all-reduce of the non-finite flag") -> Tensor:
+    """Element-wise maximum of a small float32 vector over ``group`` (one all-reduce, no host sync): the non-finite
+    flag OR-ed, a time budget's measured fraction, or the drift check's verdict, over the node."""
     if group is None or dist.get_world_size(group) == 1:
         return values
     buffer = values.to(torch.float32).clone()
-    with explained("all-reduce of the non-finite flag", group):
+    with explained(what, group):
         dist.all_reduce(buffer, op=dist.ReduceOp.MAX, group=group)
     stats.node_collectives += 1
     return buffer
@@ -51,48 +59,79 @@ def fingerprint(tensor: Tensor) -> Tensor:
     return tensor.detach().contiguous().view(bits).sum(dtype=torch.int64)
 
 
-def drifted(params: list[Tensor], group: dist.ProcessGroup, size: int, device: torch.device) -> list[int]:
-    """Indices of ``params`` (local shards) that differ between the replicas of ``group``."""
-    local = torch.stack([fingerprint(p) for p in params]) if params else torch.zeros(0, dtype=torch.int64)
-    local = local.to(device)
-    gathered = local.new_empty(size * local.numel())
-    with explained("all-gather of the parameter fingerprints", group):
-        all_gather_into(gathered, local, group)
-    gathered = gathered.view(size, -1).cpu()
-    return (gathered != gathered[0]).any(dim=0).nonzero().flatten().tolist()
+def replica0(shards: list[Tensor], replicate: ReplicateGroup, stats: CommStats) -> list[Tensor]:
+    """Replica 0's values of ``shards`` (this rank's local shards; every replica holds the same shapes), in one
+    broadcast over the replicate group."""
+    buffer = pack(shards)
+    if buffer.numel():
+        replicate.broadcast(buffer, stats).wait()
+    return [row[0] for row in unpack(buffer.view(1, -1), shards)]
 
 
-def agree(names: list[str]) -> list[str]:
-    """The union of every rank's ``names``, on every rank: a job-wide decision after group-local checks."""
-    if not _distributed():
-        return sorted(set(names))
-    gathered: list[list[str]] = [[] for _ in range(dist.get_world_size())]
-    dist.all_gather_object(gathered, names)
-    return sorted({name for rank_names in gathered for name in rank_names})
+def _job_wide(verdict: Tensor, shard_group: dist.ProcessGroup | None, stats: CommStats) -> list[float]:
+    """A per-parameter verdict already agreed over the replicate group, made job-wide by a MAX inside the node (each
+    node holds one rank of every replicate group) and read on the host: the check's one host sync."""
+    return max_in_group(verdict, shard_group, stats, "all-reduce of the drift check's verdict").tolist()
 
 
-def resync(params: list[Tensor], group: dist.ProcessGroup) -> None:
-    """Overwrite ``params`` with the replicate group's first replica (an exact copy)."""
-    source = dist.get_global_rank(group, 0)
-    for param in params:
-        buffer = param.detach().contiguous()
-        dist.broadcast(buffer, src=source, group=group)
-        param.detach().copy_(buffer)
-
-
-def check_replicas(named: list[tuple[str, Tensor]], group: dist.ProcessGroup | None, size: int, device: torch.device,
-                   action: str) -> None:
-    """Compare the named local shards across the replicate ``group``; on a mismatch anywhere in the job, raise
-    naming the parameters (``action="raise"``) or copy replica 0's values (``"resync"``)."""
-    if size == 1:
+def check_replicas(named: list[tuple[str, Tensor]], replicate: ReplicateGroup, shard_group: dist.ProcessGroup | None,
+                   action: str, stats: CommStats) -> None:
+    """Compare the named local shards' fingerprints across the replicate group; on a mismatch anywhere in the job,
+    raise naming the parameters (``action="raise"``) or copy replica 0's values (``"resync"``). One all-gather of
+    8 bytes per parameter over the replicate group, one MAX inside the node, one host sync."""
+    if replicate.size == 1 or not named:
         return
-    bad = drifted([p for _, p in named], group, size, device)
-    names = agree([named[i][0] for i in bad])  # other replicate groups must stop too
-    if not names:
+    local = torch.stack([fingerprint(p) for _, p in named])
+    gathered = replicate.all_gather(local, stats, "all-gather of the parameter fingerprints").wait()
+    differ = _job_wide((gathered != gathered[0]).any(dim=0).to(torch.float32), shard_group, stats)
+    bad = [i for i, flag in enumerate(differ) if flag > 0]
+    if not bad:
         return
+    names = sorted(named[i][0] for i in bad)
     if action == "raise":
         raise RuntimeError(f"FlexDeMo: replicas differ in {names} (on_drift='raise'). Replicas must start "
-                           "identical (same seed or checkpoint) and apply identical updates.")
+                           "identical (same seed or checkpoint) and apply identical updates; nodes of unlike "
+                           "hardware round differently: use on_drift='tolerate' there.")
     warnings.warn(f"FlexDeMo: replicas differ in {names}; copying replica 0's values (on_drift='resync').",
                   stacklevel=4)
-    resync([named[i][1] for i in bad], group)
+    shards = [named[i][1] for i in bad]
+    for shard, source in zip(shards, replica0(shards, replicate, stats)):
+        shard.detach().copy_(source)
+
+
+def check_within_bound(named: list[tuple[str, Tensor]], lrs: list[float], tolerance: float, replicate: ReplicateGroup,
+                       shard_group: dist.ProcessGroup | None, stats: CommStats) -> tuple[float, float]:
+    """``on_drift="tolerate"``: compare the named local shards with replica 0's, raise past the bound, else copy them.
+
+    The bound of a shard is ``tolerance * (lr + eps * max|p0|)``: ``lr`` (its group's, in ``lrs``) is the most one
+    step of sign, AdamW or SGD on an Adam direction moves a coordinate, and ``eps * max|p0|`` one rounding of the
+    shard's largest value in its dtype (``eps`` of float32 or bfloat16). Rounding on unlike hardware stays orders
+    below it (``benchmarks/replica_drift.py``); a corrupted node or a bug that makes replicas apply different updates
+    does not. One broadcast and one small all-reduce over the replicate group, one inside the node (the verdict made
+    job-wide), one host sync. Returns the job's largest ``|p - p0|`` and its largest fraction of the bound.
+    """
+    shards = [p for _, p in named]
+    if replicate.size == 1 or not shards:
+        return 0.0, 0.0
+    drift, used = [], []
+    for shard, reference, lr in zip(shards, replica0(shards, replicate, stats), lrs):
+        if shard.numel() == 0:
+            drift.append(shard.new_zeros((), dtype=torch.float32))
+            used.append(shard.new_zeros((), dtype=torch.float32))
+            continue
+        difference = (shard.float() - reference.float()).abs().amax()
+        bound = tolerance * (lr + torch.finfo(shard.dtype).eps * reference.float().abs().amax())
+        drift.append(difference)
+        used.append(difference / bound.clamp_min(torch.finfo(torch.float32).tiny))
+        shard.detach().copy_(reference)  # replicas bit-identical again (a raise below ends the run anyway)
+    verdict = _job_wide(replicate.all_reduce_max(torch.stack(used + drift), stats), shard_group, stats)
+    used_values, drift_values = verdict[:len(named)], verdict[len(named):]
+    past = [(name, d, u) for (name, _), d, u in zip(named, drift_values, used_values) if u > 1.0]
+    if past:
+        listed = ", ".join(f"{name} (|p - p0| {d:.3g}, {u:.3g} x its bound)" for name, d, u in past)
+        raise RuntimeError(
+            f"FlexDeMo: replicas differ past the bound in [{listed}] (on_drift='tolerate', drift_tolerance="
+            f"{tolerance:g}: bound = drift_tolerance * (lr + eps * max|p|)). Unlike hardware rounds orders below "
+            "it: a node's parameters were corrupted or replicas apply different updates. Restart from the last "
+            "checkpoint; if the nodes are healthy, raise drift_tolerance.")
+    return max(drift_values), max(used_values)

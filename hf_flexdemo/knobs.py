@@ -25,7 +25,7 @@ Consensus = Literal["choosers", "replicas"]
 # "auto": float8 for replicator="demo", else bfloat16
 ValueDtype = Literal["auto", "bfloat16", "float32", "float8", "int4", "int2"]
 NonfiniteAction = Literal["skip", "raise"]
-DriftAction = Literal["raise", "resync"]
+DriftAction = Literal["raise", "resync", "tolerate"]
 Preset = Literal["default", "flexdemo-paper", "demo-paper", "local-steps"]
 Transform = Literal["dct", "none"]
 
@@ -72,6 +72,7 @@ DEFAULTS: dict[str, Any] = {
     "on_nonfinite": "skip",
     "drift_check_every": 100,
     "on_drift": "raise",
+    "drift_tolerance": 2.0,
     "local_steps": 1,
     "outer_lr": 1.0,
     "outer_momentum": 0.0,
@@ -156,6 +157,7 @@ def validate(knobs: Mapping[str, Any]) -> None:
         "compression_feedback": (lambda v: _number(v) and 0.0 < v <= 1.0, "a float in (0, 1]"),
         "replicator_seed": (lambda v: isinstance(v, int) and v >= 0, "an integer >= 0"),
         "drift_check_every": (lambda v: isinstance(v, int) and v >= 0, "an integer >= 0 (0 disables the check)"),
+        "drift_tolerance": (lambda v: _number(v) and v > 0, "a float > 0 (learning-rate steps, see HELP)"),
         "bucket_cap_mb": (lambda v: _number(v) and v > 0, "a number of MB > 0"),
         "budget_bytes": (lambda v: v is None or (isinstance(v, int) and v > 0),
                          "None or an integer > 0 (inter-node bytes per step and rank)"),
@@ -238,8 +240,18 @@ HELP: dict[str, str] = {
     "budget_min_rate": "Lowest rate a budget may choose.",
     "budget_max_rate": "Highest rate a budget may choose.",
     "on_nonfinite": "A NaN/Inf gradient on any rank: every rank skips the step (skip), or raises (raise).",
-    "drift_check_every": "Compare parameter fingerprints across nodes every N steps (0: never).",
-    "on_drift": "Replicas found different: raise, or copy replica 0's values (resync).",
+    "drift_check_every": "Compare the replicas' parameters across nodes every N steps (0: never).",
+    "on_drift": "How replicas are compared and what a difference does. raise (the default: nodes of one hardware "
+                "model round alike, so replicas are bit-identical; an 8-byte fingerprint per parameter travels and "
+                "any difference stops the run naming the parameters) or resync (copy replica 0's values instead). "
+                "tolerate, for nodes of unlike hardware, whose kernels round differently in the last bit: replica "
+                "0's shards are broadcast (one dense copy per check, counted in the bytes), a difference past "
+                "drift_tolerance stops the run naming the parameters, a smaller one is logged "
+                "(flexdemo/replica_drift) and replica 0's values are copied.",
+    "drift_tolerance": "on_drift='tolerate': the largest difference between replicas, per parameter, in steps: "
+                       "drift_tolerance * (lr + eps * max|p|), lr the group's peak learning rate and eps that of the "
+                       "parameter's dtype. 2 lets a sign update flip where the consensus is within rounding of 0; "
+                       "last-bit rounding measured ~1e-4 of it.",
     "local_steps": "Local steps H: each node takes H AdamW steps on its own (no traffic), then the pseudo-gradient "
                    "(anchor - local) enters error feedback, is compressed by the replicator and exchanged once, "
                    "and every node restarts from the updated anchor (DiLoCo / SparseLoCo). 1: exchange every step.",

@@ -132,6 +132,7 @@ class FlexDeMo(Optimizer):
         on_nonfinite: NonfiniteAction = _D["on_nonfinite"],
         drift_check_every: int = _D["drift_check_every"],
         on_drift: DriftAction = _D["on_drift"],
+        drift_tolerance: float = _D["drift_tolerance"],
         local_steps: int = _D["local_steps"],
         outer_lr: float = _D["outer_lr"],
         outer_momentum: float = _D["outer_momentum"],
@@ -163,6 +164,8 @@ class FlexDeMo(Optimizer):
         self.shard_group = shard_group
         self.steps = 0  # optimizer steps taken or skipped: the drift schedule and the random positions' seed
         self.skipped_steps = 0
+        # on_drift="tolerate": the last check's job-wide largest |p - p0| and largest fraction of its bound
+        self.replica_drift: dict[str, float] = {}
         self.comm_stats: dict[str, int] = CommStats().as_dict()
         # A budget's current rate (None: each group's compression_rate / compression_topk). A byte budget's
         # is solved from the shard shapes when the plan is built.
@@ -464,9 +467,18 @@ class FlexDeMo(Optimizer):
         return bool(every) and self.steps % every < self.options["local_steps"]
 
     def _check_drift(self) -> None:
-        """Compare parameter fingerprints across replicas (:func:`hf_flexdemo.guards.check_replicas`)."""
+        """Compare the replicas' parameters: bit for bit (:func:`hf_flexdemo.guards.check_replicas`), or within a bound
+        of the step's size (``on_drift="tolerate"``, :func:`hf_flexdemo.guards.check_within_bound`)."""
         named = [(name, local_shard(p)) for name, p in self._named_params()]
-        guards.check_replicas(named, self.replicate.group, self.replicate.size, self._device, self.options["on_drift"])
+        if self.options["on_drift"] != "tolerate":
+            guards.check_replicas(named, self.replicate, self.shard_group, self.options["on_drift"], self._stats)
+            return
+        # a schedule's peak (torch schedulers keep it as initial_lr): the largest step since the last check
+        peak = {id(p): max(g["lr"], g.get("initial_lr", g["lr"])) for g in self.param_groups for p in g["params"]}
+        lrs = [peak[id(p)] for _, p in self._named_params()]
+        drift, used = guards.check_within_bound(named, lrs, self.options["drift_tolerance"], self.replicate,
+                                                self.shard_group, self._stats)
+        self.replica_drift = {"replica_drift": drift, "replica_drift_of_bound": used}
 
     def _named_params(self) -> list[tuple[str, Tensor]]:
         """Trainable parameters with their names (``param_names`` of a group if given, else positions)."""

@@ -145,9 +145,8 @@ class ReplicateGroup:
         self.size = 1 if group is None else dist.get_world_size(group)
         self.timer = _Timer()
 
-    def all_gather(self, buffer: Tensor, stats: CommStats) -> Pending:
+    def all_gather(self, buffer: Tensor, stats: CommStats, what: str = "all-gather of the momentum payload") -> Pending:
         """Start gathering every replica's 1-D ``buffer`` (same size everywhere): rows of an ``(R, n)`` tensor."""
-        what = "all-gather of the momentum payload"
         if self.size == 1:
             return Pending(None, buffer.unsqueeze(0), self.timer, what, self.group)
         gathered = buffer.new_empty(self.size * buffer.numel())
@@ -165,6 +164,26 @@ class ReplicateGroup:
             work = dist.all_reduce(buffer, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
         self._count(stats, dense_allreduce_bytes(buffer.numel(), self.size, buffer.element_size()))
         return Pending(work, buffer, self.timer, what, self.group)
+
+    def broadcast(self, buffer: Tensor, stats: CommStats) -> Pending:
+        """Start sending replica 0's 1-D ``buffer`` to every replica, in place. Each of the ``R - 1`` others receives
+        the whole buffer, whatever the algorithm: counted as ``(R - 1) / R`` of it sent and received per rank."""
+        what = "broadcast of replica 0's parameters"
+        if self.size == 1:
+            return Pending(None, buffer, self.timer, what, self.group)
+        with explained(what, self.group):
+            work = dist.broadcast(buffer, src=dist.get_global_rank(self.group, 0), group=self.group, async_op=True)
+        self._count(stats, (self.size - 1) * buffer.numel() * buffer.element_size() // self.size)
+        return Pending(work, buffer, self.timer, what, self.group)
+
+    def all_reduce_max(self, buffer: Tensor, stats: CommStats) -> Tensor:
+        """The element-wise maximum of a small ``buffer`` over the replicas (waited for, in place)."""
+        if self.size == 1:
+            return buffer
+        with explained("all-reduce of the drift check's verdict", self.group):
+            dist.all_reduce(buffer, op=dist.ReduceOp.MAX, group=self.group)
+        self._count(stats, dense_allreduce_bytes(buffer.numel(), self.size, buffer.element_size()))
+        return buffer
 
     @staticmethod
     def _count(stats: CommStats, sent: int) -> None:

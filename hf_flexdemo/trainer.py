@@ -9,7 +9,8 @@ What it changes in ``Trainer``, and why:
 * evaluation, prediction and saved weights see the replicas' consensus: with local steps, in the middle of a
   round, the anchor rather than one node's local values (``FlexDeMo.consensus_parameters``);
 * checkpoints: per-rank optimizer state, the topology, a completion marker (:mod:`hf_flexdemo.checkpoint`);
-* logs: ``flexdemo/*`` traffic metrics (:mod:`hf_flexdemo.comm_metrics`); the model card.
+* logs: ``flexdemo/*`` traffic metrics (:mod:`hf_flexdemo.comm_metrics`), the replicas' measured drift
+  (``on_drift="tolerate"``); the model card.
 """
 
 from __future__ import annotations
@@ -211,6 +212,8 @@ class FlexDeMoTrainer(Trainer):
         if "loss" in logs and self.flexdemo_optimizer is not None:
             logs.update(self.comm_metrics.collect(self.accelerator.device, self.flexdemo_optimizer))
             logs["flexdemo/skipped_steps"] = self.flexdemo_optimizer.skipped_steps
+            # on_drift="tolerate": the last check's measurement, agreed by every rank
+            logs.update({f"flexdemo/{key}": value for key, value in self.flexdemo_optimizer.replica_drift.items()})
             if (local := self.flexdemo_optimizer.options["local_steps"]) > 1:
                 logs["flexdemo/outer_rounds"] = self.flexdemo_optimizer.steps // local
         super().log(logs, start_time)

@@ -1,6 +1,7 @@
 """``python -m hf_flexdemo.doctor`` under torchrun: the topology, the groups and a measured link."""
 
 import pytest
+import torch
 from launch import torchrun
 
 pytestmark = pytest.mark.multiprocess
@@ -12,6 +13,28 @@ def test_doctor_reports_topology_groups_and_link():
     assert "shard group (one node) ranks [0, 1]" in out and "replicate group ranks [1, 3]" in out
     assert "note: this replicate group stays on one host" in out  # one machine simulating two nodes
     assert "replicate link: latency" in out and "Mbit/s per rank" in out
+    assert "node 1 (ranks [2, 3]): device CPU" in out and f"torch {torch.__version__}, CUDA" in out
+    assert ", NCCL -" in out and "drift policy: on_drift='raise'" in out
+    assert "WARNING: the nodes' hardware" not in out  # one machine: alike
+
+
+def test_unlike_nodes_with_an_exact_drift_policy_are_warned_about():
+    from hf_flexdemo.doctor import hardware_report
+
+    h100 = {"device": "NVIDIA H100 80GB HBM3", "torch": "2.13.0", "cuda": "12.8", "nccl": "2.27.3"}
+    a100 = {**h100, "device": "NVIDIA A100-SXM4-80GB"}
+    nodes = [[0, 1], [2, 3]]
+    lines = hardware_report([h100, h100, a100, a100], nodes, "raise")
+    assert lines[:3] == ["node 0 (ranks [0, 1]): device NVIDIA H100 80GB HBM3, torch 2.13.0, CUDA 12.8, NCCL 2.27.3",
+                         "node 1 (ranks [2, 3]): device NVIDIA A100-SXM4-80GB, torch 2.13.0, CUDA 12.8, NCCL 2.27.3",
+                         "drift policy: on_drift='raise'"]
+    assert "WARNING: the nodes' hardware or versions differ and on_drift='raise' is exact" in lines[3]
+    assert "Use on_drift='tolerate'" in lines[3]
+    assert len(hardware_report([h100, h100, a100, a100], nodes, "tolerate")) == 3  # the mixed-cluster policy
+    older = {**h100, "nccl": "2.21.5"}  # versions count too: another NCCL may reduce in another order
+    assert "WARNING" in hardware_report([h100, h100, older, older], nodes, "resync")[-1]
+    alike = hardware_report([h100] * 4, nodes, "tolerate")
+    assert "note: every node runs the same hardware and versions: on_drift='raise'" in alike[-1]
 
 
 def test_nccl_report_names_interface_and_infiniband(monkeypatch):

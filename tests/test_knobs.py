@@ -59,6 +59,8 @@ def test_the_optimizer_does_not_branch_on_a_replicator_name():
     ("compression_rate", 1.5, r"a float in \(0, 1\]"),
     ("value_dtype", "int3", "auto | bfloat16 | float32 | float8"),
     ("compression_transform", "fft", "dct | none"),
+    ("on_drift", "ignore", "raise | resync | tolerate"),
+    ("drift_tolerance", 0, "a float > 0"),
 ])
 def test_one_validation_names_field_value_and_accepted_values(field, value, accepted):
     for build in (lambda: FlexDeMoConfig(**{field: value}), lambda: knobs.validate({field: value})):

@@ -105,9 +105,20 @@ def test_one_process_trains_and_checkpoints(tmp_path):
     logs = [e for e in trainer.state.log_history if "loss" in e]
     assert logs[-1]["loss"] < logs[0]["loss"]
     assert "flexdemo/compression_ratio" not in logs[0]  # no inter-node traffic on one node
+    assert "flexdemo/replica_drift" not in logs[0]  # the exact drift check (the default) measures no distance
     trainer.create_model_card(model_name="tiny")
     card = (tmp_path / "README.md").read_text()
     assert "## FlexDeMo training" in card and "1 node(s) x 1 process(es)" in card
+
+
+def test_the_bounded_drift_check_reaches_the_logs(tmp_path):
+    args = _args(tmp_path, max_steps=4, per_device_train_batch_size=4, logging_steps=2, save_strategy="no")
+    config = FlexDeMoConfig(on_drift="tolerate", drift_check_every=2)
+    trainer = FlexDeMoTrainer(model=tiny_t5(), args=args, train_dataset=reverse_task(16), flexdemo_config=config)
+    trainer.train()
+    logs = [e for e in trainer.state.log_history if "loss" in e]
+    assert len(logs) == 2  # one replica: nothing to part from
+    assert all(e["flexdemo/replica_drift"] == e["flexdemo/replica_drift_of_bound"] == 0.0 for e in logs)
 
 
 def test_compression_ratio_is_against_a_bf16_all_reduce_and_fp32_is_logged_too():

@@ -1,0 +1,80 @@
+"""Replicas on unlike hardware, on 4 gloo ranks (2 nodes x 2): node 1's inverse DCT rounds differently in the last
+bit (the emulation ``benchmarks/replica_drift.py`` measures with), or one parameter is corrupted on one node.
+
+Each rank saves to OUT/rank{r}.pt: the error the run stopped with, the optimizer's measurement at each check, the full
+parameters just before each check, and the collectives, host syncs and bytes of a checking and a plain step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from habits_worker import full, main, observed
+from optimizer_worker import mlp, mlp_loss
+
+from hf_flexdemo import FlexDeMo, build_hybrid_mesh, shard_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from replica_drift_worker import unlike_inverse_dct  # noqa: E402
+
+LR, EVERY = 3e-3, 20
+
+
+def _optimizer(on_drift: str, every: int) -> tuple[torch.nn.Module, FlexDeMo]:
+    mesh = build_hybrid_mesh(shard_size=2)
+    model = shard_model(mlp(), mesh)
+    return model, FlexDeMo(model.named_parameters(), lr=LR, replicate_group=mesh["dp_replicate"].get_group(),
+                           drift_check_every=every, on_drift=on_drift)
+
+
+def case_lastbit(args) -> dict:
+    """``steps`` steps, a check every 20, node 1's inverse DCT one ulp off on every non-zero output."""
+    model, opt = _optimizer(args.on_drift, EVERY)
+    rank, error, checks, before, logs, stats = dist.get_rank(), None, [], [], {}, {}
+    unlike = unlike_inverse_dct(1.0, seed=rank) if rank >= 2 else contextlib.nullcontext()
+    with unlike:
+        for step in range(int(args.steps)):
+            mlp_loss(model, step, rank).backward()
+            log = {"collectives": [], "syncs": []}
+            try:
+                with observed(log, {id(state["step"]) for state in opt.state.values() if "step" in state}):
+                    opt.step()
+            except RuntimeError as exc:
+                error = str(exc)
+                break
+            opt.zero_grad()
+            if step % EVERY == 0:
+                checks.append(dict(opt.replica_drift))
+            if step in (EVERY, EVERY + 1):
+                logs[step], stats[step] = log, opt.comm_stats
+            if step % EVERY == EVERY - 1:
+                before.append({n: full(p) for n, p in model.named_parameters()})
+    return {"error": error, "step": step, "checks": checks, "before_checks": before, "logs": logs, "stats": stats,
+            "local_numel": sum(p.to_local().numel() for p in model.parameters()),
+            "params": len(list(model.parameters()))}
+
+
+def case_corrupt(args) -> dict:
+    """A check every 2 steps; before step 3, node 1 adds 0.1 (33 steps of lr) to one weight of ``0.weight``."""
+    model, opt = _optimizer("tolerate", 2)
+    rank, error = dist.get_rank(), None
+    for step in range(6):
+        if step == 3 and rank == 2:
+            with torch.no_grad():
+                next(model.parameters()).to_local()[0, 0] += 0.1
+        mlp_loss(model, step, rank).backward()
+        try:
+            opt.step()
+        except RuntimeError as exc:
+            error = str(exc)
+            break
+        opt.zero_grad()
+    return {"error": error, "step": step}
+
+
+if __name__ == "__main__":
+    main(globals(), {"on_drift": "tolerate", "steps": "200"})
