@@ -468,11 +468,20 @@ class FlexDeMo(Optimizer):
 
     def _check_drift(self) -> None:
         """Compare the replicas' parameters: bit for bit (:func:`hf_flexdemo.guards.check_replicas`), or within a bound
-        of the step's size (``on_drift="tolerate"``, :func:`hf_flexdemo.guards.check_within_bound`)."""
-        named = [(name, local_shard(p)) for name, p in self._named_params()]
-        if self.options["on_drift"] != "tolerate":
+        of the step's size (``on_drift="tolerate"``, :func:`hf_flexdemo.guards.check_within_bound`). With local
+        steps the anchor is what replicas share (the parameters restart from it): it is checked, and the
+        parameters restart from it again, as a resync left it."""
+        params = self._named_params()
+        anchored = self._local is not None and all("anchor" in self.state[p] for _, p in params)
+        named = [(name, self.state[p]["anchor"] if anchored else local_shard(p)) for name, p in params]
+        if self.options["on_drift"] == "tolerate":
+            self._check_within_bound(named)
+        else:
             guards.check_replicas(named, self.replicate, self.shard_group, self.options["on_drift"], self._stats)
-            return
+        if anchored:
+            torch._foreach_copy_([local_shard(p) for _, p in params], [anchor for _, anchor in named])
+
+    def _check_within_bound(self, named: list[tuple[str, Tensor]]) -> None:
         # a schedule's peak (torch schedulers keep it as initial_lr): the largest step since the last check
         peak = {id(p): max(g["lr"], g.get("initial_lr", g["lr"])) for g in self.param_groups for p in g["params"]}
         lrs = [peak[id(p)] for _, p in self._named_params()]
