@@ -105,9 +105,19 @@ def test_the_local_time_to_target_figures_are_the_json():
         assert f"| {flexdemo['seconds']:.1f} (step {flexdemo['step']:.0f}) | **{ratios['flexdemo']:.2f}**" in README
 
 
-@pytest.mark.parametrize("name", ["replicator_bytes", "convergence_quick", "time_to_target_quick", "sweep_local",
-                                  "time_to_target_local", "optimizer_step", "selection", "convergence_quick_xeon",
-                                  "sweep_local_long"])
+def test_the_mixed_hardware_figures_are_the_json():
+    runs = {(run["update"], run["policy"]): run for run in result("replica_drift")["runs"]}
+    free = runs["sgd", "none"]["worst"]
+    assert f"{free['max_abs']:.3g} = {free['max_over_lr']:.1e} `lr`".replace("e-04", "e-4") in README
+    assert f"{runs['adamw', 'none']['worst']['max_abs']:.3g} for `\"adamw\"`" in README
+    assert runs["sign", "none"]["worst"]["max_abs"] == 0
+    assert {runs[u, "raise"]["stopped_at"] for u in ("sgd", "adamw")} == {50}
+    assert all(runs[u, "tolerate"]["error"] is None for u in ("sgd", "sign", "adamw"))
+
+
+@pytest.mark.parametrize("name", ["replica_drift", "replicator_bytes", "convergence_quick", "time_to_target_quick",
+                                  "sweep_local", "time_to_target_local", "optimizer_step", "selection",
+                                  "convergence_quick_xeon", "sweep_local_long"])
 def test_quoted_results_record_a_clean_commit_taken_at_start(name):
     data = result(name)
     for header in data.get("invocations", [data]):  # a sweep: every invocation that added runs
