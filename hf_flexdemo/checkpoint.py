@@ -38,16 +38,15 @@ def _atomic_write(path: Path, write) -> None:
     os.replace(tmp, path)
 
 
-def save_optimizer(optimizer: FlexDeMo, checkpoint: str | os.PathLike, rank: int) -> None:
-    """Write this rank's optimizer state to ``checkpoint/flexdemo_optimizer/rank{rank}.pt``."""
-    directory = Path(checkpoint, OPTIMIZER_DIR)
-    directory.mkdir(parents=True, exist_ok=True)
-    state = optimizer.state_dict()
-    _atomic_write(directory / f"rank{rank:05d}.pt", lambda p: torch.save(state, p))
-
-
 def rank_file(rank: int) -> str:
     return f"{OPTIMIZER_DIR}/rank{rank:05d}.pt"
+
+
+def save_optimizer(optimizer: FlexDeMo, checkpoint: str | os.PathLike, rank: int) -> None:
+    """Write this rank's optimizer state to ``checkpoint/flexdemo_optimizer/rank{rank}.pt``."""
+    Path(checkpoint, OPTIMIZER_DIR).mkdir(parents=True, exist_ok=True)
+    state = optimizer.state_dict()
+    _atomic_write(Path(checkpoint, rank_file(rank)), lambda p: torch.save(state, p))
 
 
 def describe_state(optimizer: FlexDeMo, world_size: int) -> dict[str, Any]:
@@ -63,7 +62,7 @@ def describe_state(optimizer: FlexDeMo, world_size: int) -> dict[str, Any]:
 
 def load_optimizer(optimizer: FlexDeMo, checkpoint: str | os.PathLike, rank: int) -> None:
     """Load this rank's optimizer state (tensors only: ``weights_only=True``)."""
-    path = Path(checkpoint, OPTIMIZER_DIR, f"rank{rank:05d}.pt")
+    path = Path(checkpoint, rank_file(rank))
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: the checkpoint was not written by FlexDeMo on this topology.")
     optimizer.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
@@ -77,9 +76,14 @@ def write_topology(checkpoint: str | os.PathLike, record: dict[str, Any]) -> Non
 def load_resharded(optimizer: FlexDeMo, checkpoint: str | os.PathLike, rank: int, shard_size: int,
                    replicate_size: int, policy: ResumePolicy) -> None:
     """Load this rank's share of a checkpoint written on another topology (:func:`hf_flexdemo.reshard.
-    reshard_state_dict` over every old rank's file), then check each state tensor against the shard FSDP2 gave
-    this rank."""
+    reshard_state_dict` over every old rank's file: each rank reads them all, fine for the models one node's memory
+    holds many times over), then check each state tensor against the shard FSDP2 gave this rank."""
     saved = json.loads(Path(checkpoint, TOPOLOGY_FILE).read_text())
+    now = [list(p.shape) for group in optimizer.param_groups for p in group["params"]]
+    differ = [(name, shape, full) for (name, shape), full in zip(saved["params"], now) if shape != full]
+    if differ or len(now) != len(saved["params"]):
+        raise ValueError(f"{checkpoint} was written for other parameters: {len(saved['params'])} saved, {len(now)} "
+                         f"now; (name, saved shape, shape now) = {differ[:3]}. Accepted: the same model.")
     states = [torch.load(Path(checkpoint, name), map_location="cpu", weights_only=True) for name in saved["files"]]
     optimizer.load_state_dict(reshard.reshard_state_dict(
         states, old_shard_size=saved["shard_size"], rank=rank, shard_size=shard_size, replicate_size=replicate_size,
@@ -104,7 +108,7 @@ def check_resumable(checkpoint: str | os.PathLike, record: dict[str, Any],
                          "last complete one.")
     path = checkpoint / TOPOLOGY_FILE
     if not path.is_file():
-        return  # written without FlexDeMo state (method="adamw"): Trainer's own checks apply
+        return False  # written without FlexDeMo state (method="adamw"): Trainer's own checks apply
     saved = json.loads(path.read_text())
     diff = {k: (saved.get(k), record.get(k)) for k in SETUP_KEYS if saved.get(k) != record.get(k)}
     if not diff:

@@ -105,3 +105,40 @@ def test_state_dict_policies_touch_only_per_node_keys():
                 assert all(torch.equal(g, w) for g, w in zip(got, want)), (local_steps, policy, key)
     with pytest.raises(ValueError, match="resume_policy='keep' needs one new node per old node"):
         reshard_state_dict(old, old_shard_size=2, rank=0, shard_size=2, replicate_size=1, policy="keep")
+
+
+def test_load_resharded_into_one_process_checks_the_parameters(tmp_path):
+    """A 2 x 2 checkpoint's rank files (per-node ``delta`` differing) loaded into one process under ``average``:
+    ``delta`` is the nodes' mean, ``exp_avg`` (update="adamw", replicated) the saved one; other parameters are
+    refused, naming the first that differs."""
+    from hf_flexdemo import FlexDeMo, checkpoint
+
+    def optimizer(*shapes):
+        torch.manual_seed(0)
+        params = [torch.nn.Parameter(torch.randn(shape)) for shape in shapes]
+        for p in params:
+            p.grad = torch.randn_like(p)
+        return FlexDeMo(params, update="adamw", drift_check_every=0)
+
+    source = optimizer((5, 3), (4,))
+    source.step()
+    full = source.state_dict()
+    deltas = [{i: s["delta"] + node for i, s in full["state"].items()} for node in range(2)]
+    for rank in range(4):
+        node, index = divmod(rank, 2)
+        state = {i: {k: v if v.dim() == 0 else cut(deltas[node][i] if k == "delta" else v, 2, index)
+                     for k, v in s.items()} for i, s in full["state"].items()}
+        (tmp_path / "flexdemo_optimizer").mkdir(exist_ok=True)
+        torch.save({**full, "state": state}, tmp_path / checkpoint.rank_file(rank))
+    record = {"world_size": 4, "shard_size": 2, "replicate_size": 2, "method": "flexdemo",
+              **checkpoint.describe_state(source, 4)}
+    checkpoint.write_topology(tmp_path, record)
+    target = optimizer((5, 3), (4,))
+    checkpoint.load_resharded(target, tmp_path, rank=0, shard_size=1, replicate_size=1, policy="average")
+    for i, p in enumerate(target.param_groups[0]["params"]):
+        assert torch.equal(target.state[p]["delta"], (deltas[0][i] + deltas[1][i]) / 2)
+        assert torch.equal(target.state[p]["exp_avg"], full["state"][i]["exp_avg"])
+    with pytest.raises(ValueError, match=r"other parameters: 2 saved, 2 now; \(name, saved shape, shape now\) = "
+                                         r"\[\('param_groups\[0\]\[1\]', \[4\], \[5\]\)\]"):
+        checkpoint.load_resharded(optimizer((5, 3), (5,)), tmp_path, rank=0, shard_size=1, replicate_size=1,
+                                  policy="average")
