@@ -70,6 +70,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--stop_at_eval_loss", type=float, help="stop at the first evaluation at or below this loss")
     parser.add_argument("--max_train_seconds", type=float, help="stop (with a last evaluation) once the slowest "
                         "rank's training seconds reach this; one 4-byte all-reduce per step decides it")
+    parser.add_argument("--save_steps", type=int, default=0, help="checkpoint every N steps (0: none; "
+                        "elastic_resume.py)")
+    parser.add_argument("--resume_from_checkpoint", help="a checkpoint to resume (elastic_resume.py; on another "
+                        "topology with --resume_policy=...)")
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--out", type=Path, required=True)
     args, flexdemo = parser.parse_known_args()
@@ -130,7 +134,8 @@ def main() -> None:
         lr_scheduler_type="linear", warmup_steps=args.warmup_steps, weight_decay=0.0, adam_beta1=args.adam_beta1,
         per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=64,
         eval_strategy="steps", eval_steps=args.eval_steps, eval_on_start=True, logging_steps=args.logging_steps,
-        save_strategy="no", report_to="none", disable_tqdm=True, seed=args.seed, data_seed=args.data_seed,
+        save_strategy="steps" if args.save_steps else "no", save_steps=args.save_steps or 500, report_to="none",
+        disable_tqdm=True, seed=args.seed, data_seed=args.data_seed,
         average_tokens_across_devices=False,  # as the recipe: T5's loss is a mean
         predict_with_generate=False, generation_max_length=args.max_target_length, generation_num_beams=1,
     )
@@ -154,7 +159,7 @@ def main() -> None:
     trainer.add_callback(clock)
     stop_rule = StopRule(clock, args.stop_at_eval_loss, args.max_train_seconds)
     trainer.add_callback(stop_rule)
-    train_metrics = trainer.train().metrics
+    train_metrics = trainer.train(resume_from_checkpoint=args.resume_from_checkpoint).metrics
     train_seconds = time.perf_counter() - clock.start
     scores: dict[str, float] = {}
     bleu_seconds = 0.0

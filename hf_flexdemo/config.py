@@ -28,7 +28,21 @@ Method = Literal["flexdemo", "demo", "adamw"]
 METHODS: tuple[str, ...] = get_args(Method)
 ReduceDtype = Literal["float32", "bfloat16"]
 REDUCE_DTYPES: tuple[str, ...] = get_args(ReduceDtype)
-_SETUP_FIELDS = ("method", "flexdemo_preset", "shard_size", "reduce_dtype")  # the rest are FlexDeMo's keywords
+# What a new node's per-node optimizer state starts from when a checkpoint resumes on another topology
+# (hf_flexdemo.reshard).
+ResumePolicy = Literal["average", "reset", "keep"]
+RESUME_POLICIES: tuple[str, ...] = get_args(ResumePolicy)
+RESUME_POLICY_HELP = (
+    "Resuming a checkpoint written on another topology (nodes x processes per node): what each new node's per-node "
+    "optimizer state (error feedback, the replica's gradient moments; with local steps the inner AdamW moments and "
+    "a mid-round local shard) starts from. average: the mean over the old nodes; reset: zeros, as a fresh "
+    "optimizer; keep: new node n takes old node n's (the number of nodes unchanged, e.g. a new number of processes "
+    "per node). Replicated state (anchor, consensus-fed AdamW moments, step counts) reshards exactly under every "
+    "policy. None (the default): refuse a topology change, since it cannot resume exactly (per-node momentum is "
+    "merged or dropped, and the global batch changes with the world size); a wrong launch would otherwise continue "
+    "as a different run without a word. The same topology always resumes exactly.")
+# the rest are FlexDeMo's keywords
+_SETUP_FIELDS = ("method", "flexdemo_preset", "shard_size", "reduce_dtype", "resume_policy")
 
 
 def _knob(name: str) -> Any:
@@ -86,6 +100,7 @@ class FlexDeMoConfig:
         metadata={"help": "method='adamw' only: dtype of FSDP2's gradient reduce-scatter and cross-node all-reduce "
                           "(MixedPrecisionPolicy.reduce_dtype; float32 as torchtitan, bfloat16 halves the bytes)."},
     )
+    resume_policy: ResumePolicy | None = field(default=None, metadata={"help": RESUME_POLICY_HELP})
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -97,6 +112,9 @@ class FlexDeMoConfig:
         if self.reduce_dtype not in REDUCE_DTYPES:
             raise ValueError(f"FlexDeMoConfig: invalid reduce_dtype={self.reduce_dtype!r}; accepted: "
                              f"{' | '.join(REDUCE_DTYPES)}.")
+        if self.resume_policy is not None and self.resume_policy not in RESUME_POLICIES:
+            raise ValueError(f"FlexDeMoConfig: invalid resume_policy={self.resume_policy!r}; accepted: None | "
+                             f"{' | '.join(RESUME_POLICIES)}.")
         if self.reduce_dtype != "float32" and self.method != "adamw":
             raise ValueError(f"FlexDeMoConfig: reduce_dtype={self.reduce_dtype!r} with method={self.method!r}; "
                              "accepted: reduce_dtype='float32' unless method='adamw' (it sets the AdamW-HSDP "

@@ -8,7 +8,9 @@ What it changes in ``Trainer``, and why:
   by ``Trainer`` under FSDP), with DDP's gradient all-reduce switched off where DDP wraps the model;
 * evaluation, prediction and saved weights see the replicas' consensus: with local steps, in the middle of a
   round, the anchor rather than one node's local values (``FlexDeMo.consensus_parameters``);
-* checkpoints: per-rank optimizer state, the topology, a completion marker (:mod:`hf_flexdemo.checkpoint`);
+* checkpoints: per-rank optimizer state, the topology, a completion marker (:mod:`hf_flexdemo.checkpoint`); a
+  resume on another topology under ``FlexDeMoConfig.resume_policy`` (:mod:`hf_flexdemo.reshard`), the model's
+  weights included across the FSDP2 / plain-replica boundary (one process per node);
 * logs: ``flexdemo/*`` traffic metrics (:mod:`hf_flexdemo.comm_metrics`), the replicas' measured drift
   (``on_drift="tolerate"``); the model card.
 """
@@ -23,15 +25,19 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import safetensors.torch
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 from accelerate.utils import FullyShardedDataParallelPlugin, save_fsdp_model
+from accelerate.utils.constants import FSDP_MODEL_NAME
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
 from torch.nn.parallel import DistributedDataParallel
 from transformers import Seq2SeqTrainer, Trainer, TrainingArguments
 from transformers.trainer import SCHEDULER_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
+from transformers.utils import SAFE_WEIGHTS_NAME
 
 from . import checkpoint
 from .comm_metrics import CommMetricsCallback, unwrap_optimizer
@@ -101,6 +107,7 @@ class FlexDeMoTrainer(Trainer):
             self._shard_model()
         self.comm_metrics = CommMetricsCallback()
         self.add_callback(self.comm_metrics)
+        self._reshard = False  # set by train(): the checkpoint resumed was written on another topology
 
     def _init_distributed(self, args: TrainingArguments) -> None:
         """Give the world group ``args.ddp_timeout``: Transformers creates it without one on CPU (30 min)."""
@@ -263,9 +270,23 @@ class FlexDeMoTrainer(Trainer):
             resume_from_checkpoint = checkpoint.last_complete_checkpoint(self.args.output_dir)
             if resume_from_checkpoint is None:
                 raise ValueError(f"No complete checkpoint to resume from in {self.args.output_dir}.")
-        if isinstance(resume_from_checkpoint, str):
-            checkpoint.check_resumable(resume_from_checkpoint, self._setup_record())
+        self._reshard = isinstance(resume_from_checkpoint, str) and checkpoint.check_resumable(
+            resume_from_checkpoint, self._setup_record(), self.flexdemo_config.resume_policy)
         return super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs)
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: torch.nn.Module | None = None) -> None:
+        """As ``Trainer``, and across ``shard_size=1``: FSDP2 checkpoints hold the full state dict in FSDP's file,
+        plain-replica ones in ``model.safetensors``; either loads into the other setup's model."""
+        fsdp_weights = Path(resume_from_checkpoint, f"{FSDP_MODEL_NAME}.bin")
+        if fsdp_weights.is_file() == self.is_fsdp_enabled:
+            super()._load_from_checkpoint(resume_from_checkpoint, model)
+            return
+        model = model or self.model
+        if self.is_fsdp_enabled:  # a plain-replica checkpoint into FSDP2 shards (tied weights are saved once)
+            full = safetensors.torch.load_file(Path(resume_from_checkpoint, SAFE_WEIGHTS_NAME), device="cpu")
+            set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, strict=False))
+        else:  # FSDP2 shards' full state dict into a plain model
+            model.load_state_dict(torch.load(fsdp_weights, map_location="cpu", weights_only=True))
 
     def _save_checkpoint(self, model: torch.nn.Module, trial) -> None:
         limit = self.args.save_total_limit
@@ -292,7 +313,8 @@ class FlexDeMoTrainer(Trainer):
                 save_fsdp_model(self.accelerator.state.fsdp_plugin, self.accelerator, self.model, output_dir)
         checkpoint.save_optimizer(optimizer, output_dir, self.args.process_index)
         if self.args.should_save:
-            checkpoint.write_topology(output_dir, self._setup_record())
+            checkpoint.write_topology(output_dir, {**self._setup_record(),
+                                                   **checkpoint.describe_state(optimizer, self.topology.world_size)})
             torch.save(self.lr_scheduler.state_dict(), os.path.join(output_dir, SCHEDULER_NAME))
 
     def _load_optimizer_and_scheduler(self, checkpoint_dir: str | None) -> None:
@@ -300,7 +322,11 @@ class FlexDeMoTrainer(Trainer):
         if checkpoint_dir is None or optimizer is None:
             super()._load_optimizer_and_scheduler(checkpoint_dir)
             return
-        checkpoint.load_optimizer(optimizer, checkpoint_dir, self.args.process_index)
+        if self._reshard:
+            checkpoint.load_resharded(optimizer, checkpoint_dir, self.args.process_index, self.topology.shard_size,
+                                      self.topology.replicate_size, self.flexdemo_config.resume_policy)
+        else:
+            checkpoint.load_optimizer(optimizer, checkpoint_dir, self.args.process_index)
         self.lr_scheduler.load_state_dict(
             torch.load(os.path.join(checkpoint_dir, SCHEDULER_NAME), weights_only=True)
         )

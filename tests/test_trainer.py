@@ -42,7 +42,8 @@ def test_overlap_in_backward_refuses_gradient_clipping_it_would_skip(tmp_path):
      ({"method": "adamw", "reduce_dtype": "float16"}, "reduce_dtype='float16'; accepted: float32 | bfloat16"),
      ({"reduce_dtype": "bfloat16"}, "reduce_dtype='bfloat16' with method='flexdemo'; accepted: reduce_dtype='float32' "
                                     "unless method='adamw'"),
-     ({"method": "demo", "reduce_dtype": "bfloat16"}, "reduce_dtype='bfloat16' with method='demo'")],
+     ({"method": "demo", "reduce_dtype": "bfloat16"}, "reduce_dtype='bfloat16' with method='demo'"),
+     ({"resume_policy": "mean"}, "resume_policy='mean'; accepted: None | average | reset | keep")],
 )
 def test_config_validates_every_knob(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -85,12 +86,38 @@ def test_incomplete_checkpoints_are_never_resumed(tmp_path):
     checkpoint.check_resumable(tmp_path / "checkpoint-10", record)
 
 
-def test_resume_onto_another_topology_is_refused(tmp_path):
-    saved = {"world_size": 4, "shard_size": 2, "replicate_size": 2, "method": "flexdemo"}
+def test_resume_onto_another_topology_is_refused_without_a_policy(tmp_path):
+    """Refused before any step, naming what differs (saved, now) and the policies that would allow it; ``keep``
+    only when the number of nodes stays; a pending delayed exchange, another method or a checkpoint without the
+    rank files are refused whatever the policy."""
+    setup = {"world_size": 4, "shard_size": 2, "replicate_size": 2, "method": "flexdemo"}
+    saved = {**setup, "files": [f"flexdemo_optimizer/rank{r:05d}.pt" for r in range(4)], "pending": False,
+             "local_steps": 1, "params": [["w", [4, 4]]]}
     _fake_checkpoint(tmp_path / "checkpoint-5", 5, True, saved)
-    now = {**saved, "shard_size": 4, "replicate_size": 1}
-    with pytest.raises(ValueError, match=r"different setup.*'shard_size': \(2, 4\)"):
-        checkpoint.check_resumable(tmp_path / "checkpoint-5", now)
+    path = tmp_path / "checkpoint-5"
+    assert checkpoint.check_resumable(path, setup) is False  # the same topology: exact, nothing to reshard
+    one_node = {**setup, "shard_size": 4, "replicate_size": 1}
+    with pytest.raises(ValueError, match=r"another topology; \(saved, now\) = \{'shard_size': \(2, 4\), "
+                                         r"'replicate_size': \(2, 1\)\}, and resume_policy=None.*resume_policy "
+                                         r"\(--resume_policy\) to 'average' \| 'reset' to reshard"):
+        checkpoint.check_resumable(path, one_node)
+    with pytest.raises(ValueError, match=r"resume_policy='keep'.*to 'average' \| 'reset' to reshard"):
+        checkpoint.check_resumable(path, one_node, "keep")
+    assert checkpoint.check_resumable(path, one_node, "average") is True
+    two_by_one = {**setup, "world_size": 2, "shard_size": 1}
+    with pytest.raises(ValueError, match=r"'world_size': \(4, 2\), 'shard_size': \(2, 1\).*'average' \| 'reset' \| "
+                                         r"'keep'"):
+        checkpoint.check_resumable(path, two_by_one)
+    assert checkpoint.check_resumable(path, two_by_one, "keep") is True
+    with pytest.raises(ValueError, match=r"different setup; \(saved, now\) = \{'method': \('flexdemo', 'demo'\)\}"):
+        checkpoint.check_resumable(path, {**setup, "method": "demo"}, "average")
+    checkpoint.write_topology(path, {**saved, "pending": True})
+    with pytest.raises(ValueError, match=r"pending delayed exchange \(overlap='delayed'\).*Accepted: resume it on its "
+                                         "own topology"):
+        checkpoint.check_resumable(path, one_node, "average")
+    checkpoint.write_topology(path, setup)  # written before elastic resume
+    with pytest.raises(ValueError, match="written before elastic resume"):
+        checkpoint.check_resumable(path, one_node, "average")
 
 
 def test_one_process_trains_and_checkpoints(tmp_path):
