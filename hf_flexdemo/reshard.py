@@ -9,7 +9,8 @@ State of two kinds moves between nodes differently:
 
 * replicated state is identical on every node and reshards exactly: ``anchor`` and ``outer_avg`` (local steps),
   ``exp_avg`` / ``exp_avg_sq`` of ``update="adamw"`` / ``"rmsprop"`` (fed the consensus), the consensus still to
-  apply (``pending_update``), ``step`` and the optimizer-wide counters (:data:`REPLICATED` keys and scalars);
+  apply (``pending_update``), ``step`` (zeroed by ``reset`` where it counts per-node moments only) and the
+  optimizer-wide counters;
 * per-node state differs between nodes (:func:`per_node_keys`): the error feedback ``delta``, the replica's
   gradient moments, with local steps the inner AdamW's moments and the mid-round ``local`` shard. A
   :data:`~hf_flexdemo.config.ResumePolicy` says what a new node starts from: ``average`` (the mean over the old
@@ -99,13 +100,22 @@ def reshard_state_dict(states: Sequence[dict[str, Any]], *, old_shard_size: int,
     if policy == "keep":
         check_keep(len(states) // old_shard_size, replicate_size)
     first = states[0]
-    per_node = per_node_keys(first.get("flexdemo", {}).get("options") or {})
+    options = first.get("flexdemo", {}).get("options") or {}
+    per_node = per_node_keys(options)
+    update = {index: group.get("update") for group in first["param_groups"] for index in group["params"]}
     new_state: dict[int, dict[str, Any]] = {}
     for index, saved in first["state"].items():
         entry: dict[str, Any] = {}
+        # ``step`` is the bias correction of the moments it counts: where those are all per node (the inner AdamW
+        # of local steps; the replica's gradient moments unless the update keeps an AdamW of the consensus), a
+        # reset restarts it with them, as a fresh optimizer would.
+        step_per_node = options.get("local_steps", 1) > 1 or update.get(index) not in ("adamw", "rmsprop")
         for key, value in saved.items():
             if not isinstance(value, Tensor):
                 entry[key] = value
+                continue
+            if key == "step" and policy == "reset" and step_per_node:
+                entry[key] = torch.zeros_like(value)
                 continue
             shards = [s["state"][index][key] for s in states]
             node_policy = policy if key in per_node else None

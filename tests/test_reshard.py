@@ -70,7 +70,7 @@ def _state_dict(rank: int, shard_size: int, nodes: list[dict[str, torch.Tensor]]
     node, index = divmod(rank, shard_size)
     entry = {key: cut(value, shard_size, index) for key, value in nodes[node].items()}
     entry["step"] = torch.tensor(7.0)
-    return {"state": {0: entry}, "param_groups": [{"params": [0], "lr": 0.1}],
+    return {"state": {0: entry}, "param_groups": [{"params": [0], "lr": 0.1, "update": "adamw"}],
             "flexdemo": {"options": {"local_steps": local_steps}, "steps": 7, "pending": None}}
 
 
@@ -88,7 +88,10 @@ def test_state_dict_policies_touch_only_per_node_keys():
             new = [reshard_state_dict(old, old_shard_size=2, rank=r, shard_size=4, replicate_size=2, policy=policy)
                    for r in range(8)]
             assert all(s["flexdemo"] == old[0]["flexdemo"] and s["param_groups"] == old[0]["param_groups"] for s in new)
-            assert all(torch.equal(s["state"][0]["step"], torch.tensor(7.0)) for s in new)
+            # step counts the inner AdamW's per-node moments with local steps (reset restarts it), and also the
+            # replicated AdamW of the consensus step-wise (kept)
+            step = 0.0 if policy == "reset" and local_steps > 1 else 7.0
+            assert all(torch.equal(s["state"][0]["step"], torch.tensor(step)) for s in new)
             per_node = {"delta", "grad_avg", "local"} | ({"exp_avg", "exp_avg_sq"} if local_steps > 1 else set())
             for key in nodes[0]:
                 got = assemble([s["state"][0][key] for s in new], 4)
@@ -105,6 +108,17 @@ def test_state_dict_policies_touch_only_per_node_keys():
                 assert all(torch.equal(g, w) for g, w in zip(got, want)), (local_steps, policy, key)
     with pytest.raises(ValueError, match="resume_policy='keep' needs one new node per old node"):
         reshard_state_dict(old, old_shard_size=2, rank=0, shard_size=2, replicate_size=1, policy="keep")
+
+
+def test_reset_restarts_step_where_it_counts_per_node_moments_only():
+    """Step-wise with update="sgd" ``step`` is the bias correction of the replica's gradient moments alone."""
+    nodes = [{"delta": torch.randn(4, 2), "grad_avg": torch.randn(4, 2)} for _ in range(2)]
+    old = [_state_dict(r, 1, nodes, 1) for r in range(2)]
+    for state in old:
+        state["param_groups"][0]["update"] = "sgd"
+    for policy, step in (("reset", 0.0), ("average", 7.0)):
+        new = reshard_state_dict(old, old_shard_size=1, rank=0, shard_size=1, replicate_size=1, policy=policy)
+        assert torch.equal(new["state"][0]["step"], torch.tensor(step))
 
 
 def test_load_resharded_into_one_process_checks_the_parameters(tmp_path):
