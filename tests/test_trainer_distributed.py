@@ -72,25 +72,29 @@ def test_resume_from_checkpoint_is_exact(straight, tmp_path):
             assert torch.equal(value, rank_resumed["params"][name]), name
 
 
-def test_local_steps_resume_mid_round_is_exact_and_log_outer_rounds(tmp_path):
-    """local_steps=4 for 18 steps with a checkpoint at step 10, both mid-round (exchanges at 4, 8, 12, 16): the
-    resumed run's losses and parameters equal the straight run's, the logs count the rounds and the amortised
-    bytes, and the saved model is the anchor, every node's last consensus, not one node's local values."""
-    local = ("--steps", "18", "--logging_steps", "1", "--local_steps", "4", "--value_dtype", "int2", "--topk", "0")
+@pytest.mark.parametrize(("overlap", "save"), [("none", 10), ("delayed", 8)])
+def test_local_steps_resume_mid_round_is_exact_and_log_outer_rounds(tmp_path, overlap, save):
+    """local_steps=4 for 18 steps (exchanges at 4, 8, 12, 16; streamed, each lands in the next step) with a
+    checkpoint mid-round, or streamed with the exchange of step 8 in flight: the resumed run's losses and
+    parameters equal the straight run's, the logs count the rounds and the amortised bytes, and the saved model
+    is the anchor, every node's last consensus, not one node's local values."""
+    local = ("--steps", "18", "--logging_steps", "1", "--local_steps", "4", "--value_dtype", "int2", "--topk", "0",
+             "--overlap", overlap)
     straight = tmp_path / "straight" / "run"
     ranks = run_worker("trainer_worker", 4, tmp_path / "straight", "--output_dir", str(straight),
-                       "--save_steps", "10", "--final_save", *local)
+                       "--save_steps", str(save), "--final_save", *local)
     resumed = run_worker("trainer_worker", 4, tmp_path / "resumed", "--output_dir", str(tmp_path / "resumed" / "run"),
-                         "--resume", str(straight / "checkpoint-10"), *local)
+                         "--resume", str(straight / f"checkpoint-{save}"), *local)
     want, got = _train_losses(ranks[0]["log_history"]), _train_losses(resumed[0]["log_history"])
-    assert all(got[step] == want[step] for step in range(11, 19))
+    assert all(got[step] == want[step] for step in range(save + 1, 19))
     for rank_straight, rank_resumed in zip(ranks, resumed):
         for name, value in rank_straight["params"].items():
             assert torch.equal(value, rank_resumed["params"][name]), name
     logs = [e for e in ranks[0]["log_history"] if "loss" in e]
     assert [e["flexdemo/outer_rounds"] for e in logs] == [step // 4 for step in range(1, 19)]
     sent = [e["flexdemo/bytes_sent"] for e in logs]
-    assert all((value > 0) == (step % 4 == 0) for step, value in zip(range(1, 19), sent))
+    # the exchanges, and the drift check of step 1 (drift_check_every=100: the first point where replicas agree)
+    assert all((value > 0) == (step % 4 == 0 or step == 1) for step, value in zip(range(1, 19), sent))
     # step 18 is mid-round: the nodes' local values differ, their consensus does not, and it is what was saved
     assert not torch.equal(ranks[0]["logits"], ranks[2]["logits"])
     assert torch.equal(ranks[0]["consensus_logits"], ranks[2]["consensus_logits"])
