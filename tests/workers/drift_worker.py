@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from habits_worker import full, main, observed
-from optimizer_worker import mlp, mlp_loss
+from optimizer_worker import mlp, mlp_loss, train_perturbed
 
 from hf_flexdemo import FlexDeMo, build_hybrid_mesh, shard_model
 
@@ -61,18 +61,7 @@ def case_lastbit(args) -> dict:
 def case_corrupt(args) -> dict:
     """A check every 2 steps; before step 3, node 1 adds 0.1 (33 steps of lr) to one weight of ``0.weight``."""
     model, opt = _optimizer("tolerate", 2)
-    rank, error = dist.get_rank(), None
-    for step in range(6):
-        if step == 3 and rank == 2:
-            with torch.no_grad():
-                next(model.parameters()).to_local()[0, 0] += 0.1
-        mlp_loss(model, step, rank).backward()
-        try:
-            opt.step()
-        except RuntimeError as exc:
-            error = str(exc)
-            break
-        opt.zero_grad()
+    error, step = train_perturbed(model, opt, lambda step, rank: mlp_loss(model, step, rank), 0.1)
     return {"error": error, "step": step}
 
 

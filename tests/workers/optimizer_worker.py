@@ -241,19 +241,26 @@ def case_drift(args) -> dict:
     model = shard_model(tiny_t5(), mesh)
     opt = FlexDeMo(model.named_parameters(), lr=1e-3, replicate_group=mesh["dp_replicate"].get_group(),
                    compression_topk=2, compression_chunk=8, drift_check_every=2, on_drift=args.action)
+    error, step = train_perturbed(model, opt, lambda step, rank: model(**t5_batch(step, rank)).loss, 1e-3)
+    return {"error": error, "step": step, "params": {n: full(p) for n, p in model.named_parameters()}}
+
+
+def train_perturbed(model, opt, loss, amount: float) -> tuple[str | None, int]:
+    """6 steps of ``loss(step, rank)``; before step 3 node 1 (rank 2) adds ``amount`` to one weight of the first
+    parameter. The error a step raised (training stops there) and the last step."""
     rank, error = dist.get_rank(), None
     for step in range(6):
         if step == 3 and rank == 2:
             with torch.no_grad():
-                next(model.parameters()).to_local()[0, 0] += 1e-3
-        model(**t5_batch(step, rank)).loss.backward()
+                next(model.parameters()).to_local()[0, 0] += amount
+        loss(step, rank).backward()
         try:
             opt.step()
         except RuntimeError as exc:
             error = str(exc)
             break
         opt.zero_grad()
-    return {"error": error, "step": step, "params": {n: full(p) for n, p in model.named_parameters()}}
+    return error, step
 
 
 def case_nonfinite(args) -> dict:
