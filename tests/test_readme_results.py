@@ -115,9 +115,17 @@ def test_the_mixed_hardware_figures_are_the_json():
     assert all(runs[u, "tolerate"]["error"] is None for u in ("sgd", "sign", "adamw"))
 
 
-@pytest.mark.parametrize("name", ["replica_drift", "replicator_bytes", "convergence_quick", "time_to_target_quick",
-                                  "sweep_local", "time_to_target_local", "optimizer_step", "selection",
-                                  "convergence_quick_xeon", "sweep_local_long"])
+def test_the_elastic_resume_figures_are_the_json():
+    for name, run in result("elastic_resume")["resumes"].items():
+        old, new = run["gap_pct_vs_old_topology"]["100"], run["gap_pct_vs_new_topology"]["100"]
+        policy = name.rsplit("_", 1)[1]
+        assert f"`{policy}` {old:+.2f} % / {new:+.2f} %" in README, name
+        assert run["loaded_exactly"] and abs(old) < 1 and old * new < 0  # between the two straight runs
+
+
+@pytest.mark.parametrize("name", ["elastic_resume", "replica_drift", "replicator_bytes", "convergence_quick",
+                                  "time_to_target_quick", "sweep_local", "time_to_target_local", "optimizer_step",
+                                  "selection", "convergence_quick_xeon", "sweep_local_long"])
 def test_quoted_results_record_a_clean_commit_taken_at_start(name):
     data = result(name)
     for header in data.get("invocations", [data]):  # a sweep: every invocation that added runs
