@@ -14,15 +14,14 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import platform
 import socket
 import statistics
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from .guards import hardware
 from .knobs import DEFAULTS, DRIFT_ACTIONS
 from .mesh import build_hybrid_mesh, default_device_type
 from .replicate import all_gather_into
@@ -56,21 +55,6 @@ def nccl_report() -> list[str]:
     return lines
 
 
-def _cpu_name() -> str:
-    cpuinfo = Path("/proc/cpuinfo")
-    models = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
-              if line.startswith("model name")] if cpuinfo.exists() else []
-    return models[0] if models else platform.processor() or platform.machine()
-
-
-def hardware(device: torch.device) -> dict[str, str]:
-    """This rank's device model and the torch, CUDA and NCCL versions it runs ("-" where there is none)."""
-    cuda = device.type == "cuda"
-    return {"device": torch.cuda.get_device_name(device) if cuda else f"CPU {_cpu_name()}",
-            "torch": torch.__version__, "cuda": torch.version.cuda or "-",
-            "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else "-"}
-
-
 def hardware_report(records: list[dict[str, str]], nodes: list[list[int]], on_drift: str) -> list[str]:
     """Lines naming each node's hardware (``records`` indexed by rank, ``nodes`` the ranks of each) and the drift
     policy, with a warning when nodes differ while the policy is an exact one (``raise``, ``resync``)."""
@@ -80,13 +64,14 @@ def hardware_report(records: list[dict[str, str]], nodes: list[list[int]], on_dr
         kinds += [kind for kind in seen if kind not in kinds]
         described = "; ".join(f"device {d}, torch {t}, CUDA {c}, NCCL {n}" for d, t, c, n in seen)
         lines.append(f"node {node} (ranks {ranks}): {described}")
-    lines.append(f"drift policy: on_drift={on_drift!r}")
-    if len(kinds) > 1 and on_drift != "tolerate":
+    chosen = ("tolerate" if len(kinds) > 1 else "raise") if on_drift == "auto" else on_drift
+    lines.append(f"drift policy: on_drift={on_drift!r}" + (f" (here: {chosen!r})" if on_drift == "auto" else ""))
+    if len(kinds) > 1 and chosen != "tolerate":
         lines.append(f"  WARNING: the nodes' hardware or versions differ and on_drift={on_drift!r} is exact: their "
                      "kernels can round differently, so replicas part in the last bit and the drift check stops the "
                      "run ('raise') or copies every parameter at each check ('resync'). Use on_drift='tolerate' "
                      "(FlexDeMoConfig / --on_drift tolerate).")
-    elif len(kinds) == 1 and on_drift == "tolerate":
+    elif len(kinds) == 1 and chosen == "tolerate":
         lines.append("  note: every node runs the same hardware and versions: on_drift='raise' checks bit for bit "
                      "with an 8-byte fingerprint per parameter instead of a copy of the parameters")
     return lines

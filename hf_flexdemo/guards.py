@@ -16,6 +16,10 @@ The drift check runs every ``drift_check_every`` steps only, in one of two ways 
   measures its largest difference, raises past ``drift_tolerance * (lr + eps * max|p|)`` and otherwise takes replica
   0's values, so the replicas are bit-identical again after every check.
 
+``"auto"`` (the default) is exact where every replica runs the same device model and torch / CUDA / NCCL
+versions, bounded where they differ: decided at the first check from a hash of :func:`hardware`, agreed over the
+replicate group and the node (one more small all-reduce and host sync, once a run).
+
 Either way the check's collectives stay on the replicate group and the node, as the non-finite decision's: the
 per-parameter verdict, agreed over the replicate group, is made job-wide by one MAX inside the node, and read by
 one host sync.
@@ -23,7 +27,10 @@ one host sync.
 
 from __future__ import annotations
 
+import platform
 import warnings
+import zlib
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -66,6 +73,33 @@ def replica0(shards: list[Tensor], replicate: ReplicateGroup, stats: CommStats) 
     if buffer.numel():
         replicate.broadcast(buffer, stats).wait()
     return [row[0] for row in unpack(buffer.view(1, -1), shards)]
+
+
+def _cpu_name() -> str:
+    cpuinfo = Path("/proc/cpuinfo")
+    models = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+              if line.startswith("model name")] if cpuinfo.exists() else []
+    return models[0] if models else platform.processor() or platform.machine()
+
+
+def hardware(device: torch.device) -> dict[str, str]:
+    """This rank's device model and the torch, CUDA and NCCL versions it runs ("-" where there is none): what decides
+    how its kernels round."""
+    cuda = device.type == "cuda"
+    return {"device": torch.cuda.get_device_name(device) if cuda else f"CPU {_cpu_name()}",
+            "torch": torch.__version__, "cuda": torch.version.cuda or "-",
+            "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else "-"}
+
+
+def hardware_differs(device: torch.device, replicate: ReplicateGroup, shard_group: dist.ProcessGroup | None,
+                     stats: CommStats) -> bool:
+    """Whether any two replicas of any shard run unlike hardware or versions (:func:`hardware`), the same answer on
+    every rank: a 20-bit hash of this rank's (exact in float32) and its negation, MAX-reduced over the replicate
+    group and the node (``max == -max(-h)`` iff all equal); one host sync."""
+    digest = float(zlib.crc32("|".join(hardware(device).values()).encode()) & 0xFFFFF)
+    both = replicate.all_reduce_max(torch.tensor([digest, -digest], device=device), stats)
+    spread = _job_wide(torch.stack([both[0] + both[1]]), shard_group, stats)
+    return spread[0] > 0
 
 
 def _job_wide(verdict: Tensor, shard_group: dist.ProcessGroup | None, stats: CommStats) -> list[float]:

@@ -25,7 +25,7 @@ Consensus = Literal["choosers", "replicas"]
 # "auto": float8 for replicator="demo", else bfloat16
 ValueDtype = Literal["auto", "bfloat16", "float32", "float8", "int4", "int2"]
 NonfiniteAction = Literal["skip", "raise"]
-DriftAction = Literal["raise", "resync", "tolerate"]
+DriftAction = Literal["auto", "raise", "resync", "tolerate"]
 Preset = Literal["default", "flexdemo-paper", "demo-paper", "local-steps"]
 Transform = Literal["dct", "none"]
 
@@ -71,7 +71,7 @@ DEFAULTS: dict[str, Any] = {
     "budget_max_rate": 1 / 4,
     "on_nonfinite": "skip",
     "drift_check_every": 100,
-    "on_drift": "raise",
+    "on_drift": "auto",
     "drift_tolerance": 2.0,
     "local_steps": 1,
     "outer_lr": 1.0,
@@ -241,11 +241,13 @@ HELP: dict[str, str] = {
     "budget_max_rate": "Highest rate a budget may choose.",
     "on_nonfinite": "A NaN/Inf gradient on any rank: every rank skips the step (skip), or raises (raise).",
     "drift_check_every": "Compare the replicas' parameters across nodes every N steps (0: never).",
-    "on_drift": "How replicas are compared and what a difference does. raise (the default: nodes of one hardware "
-                "model round alike, so replicas are bit-identical; an 8-byte fingerprint per parameter travels and "
-                "any difference stops the run naming the parameters) or resync (copy replica 0's values instead). "
-                "tolerate, for nodes of unlike hardware, whose kernels round differently in the last bit: replica "
-                "0's shards are broadcast (one dense copy per check, counted in the bytes), a difference past "
+    "on_drift": "How replicas are compared and what a difference does. auto (the default): raise where every "
+                "replica runs the same device model and torch/CUDA/NCCL versions, tolerate where they differ "
+                "(decided at the first check, the same on every rank), so a mixed cluster trains on. raise: nodes of "
+                "one hardware model round alike, so replicas are bit-identical; an 8-byte fingerprint per parameter "
+                "travels and any difference stops the run naming the parameters. resync: copy replica 0's values "
+                "instead. tolerate, for nodes of unlike hardware, whose kernels round differently in the last bit: "
+                "replica 0's shards are broadcast (one dense copy per check, counted in the bytes), a difference past "
                 "drift_tolerance stops the run naming the parameters, a smaller one is logged "
                 "(flexdemo/replica_drift) and replica 0's values are copied.",
     "drift_tolerance": "on_drift='tolerate': the largest difference between replicas, per parameter, in steps: "

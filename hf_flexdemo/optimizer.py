@@ -164,8 +164,9 @@ class FlexDeMo(Optimizer):
         self.shard_group = shard_group
         self.steps = 0  # optimizer steps taken or skipped: the drift schedule and the random positions' seed
         self.skipped_steps = 0
-        # on_drift="tolerate": the last check's job-wide largest |p - p0| and largest fraction of its bound
+        # the bounded check's last job-wide largest |p - p0| and largest fraction of its bound
         self.replica_drift: dict[str, float] = {}
+        self._drift_policy: str | None = None  # on_drift, "auto" resolved at the first check
         self.comm_stats: dict[str, int] = CommStats().as_dict()
         # A budget's current rate (None: each group's compression_rate / compression_topk). A byte budget's
         # is solved from the shard shapes when the plan is built.
@@ -474,10 +475,15 @@ class FlexDeMo(Optimizer):
         params = self._named_params()
         anchored = self._local is not None and all("anchor" in self.state[p] for _, p in params)
         named = [(name, self.state[p]["anchor"] if anchored else local_shard(p)) for name, p in params]
-        if self.options["on_drift"] == "tolerate":
+        if self._drift_policy is None:  # on_drift="auto": exact on one kind of hardware, bounded across kinds
+            self._drift_policy = self.options["on_drift"]
+            if self._drift_policy == "auto":
+                mixed = guards.hardware_differs(self._device, self.replicate, self.shard_group, self._stats)
+                self._drift_policy = "tolerate" if mixed else "raise"
+        if self._drift_policy == "tolerate":
             self._check_within_bound(named)
         else:
-            guards.check_replicas(named, self.replicate, self.shard_group, self.options["on_drift"], self._stats)
+            guards.check_replicas(named, self.replicate, self.shard_group, self._drift_policy, self._stats)
         if anchored:
             torch._foreach_copy_([local_shard(p) for _, p in params], [anchor for _, anchor in named])
 

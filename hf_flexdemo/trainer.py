@@ -12,7 +12,7 @@ What it changes in ``Trainer``, and why:
   resume on another topology under ``FlexDeMoConfig.resume_policy`` (:mod:`hf_flexdemo.reshard`), the model's
   weights included across the FSDP2 / plain-replica boundary (one process per node);
 * logs: ``flexdemo/*`` traffic metrics (:mod:`hf_flexdemo.comm_metrics`), the replicas' measured drift
-  (``on_drift="tolerate"``); the model card.
+  (the bounded drift check); the model card.
 """
 
 from __future__ import annotations
@@ -219,7 +219,7 @@ class FlexDeMoTrainer(Trainer):
         if "loss" in logs and self.flexdemo_optimizer is not None:
             logs.update(self.comm_metrics.collect(self.accelerator.device, self.flexdemo_optimizer))
             logs["flexdemo/skipped_steps"] = self.flexdemo_optimizer.skipped_steps
-            # on_drift="tolerate": the last check's measurement, agreed by every rank
+            # the bounded check's last measurement (on_drift "tolerate", or "auto" on mixed hardware), on every rank
             logs.update({f"flexdemo/{key}": value for key, value in self.flexdemo_optimizer.replica_drift.items()})
             if (local := self.flexdemo_optimizer.options["local_steps"]) > 1:
                 logs["flexdemo/outer_rounds"] = self.flexdemo_optimizer.steps // local

@@ -14,7 +14,7 @@ def test_doctor_reports_topology_groups_and_link():
     assert "note: this replicate group stays on one host" in out  # one machine simulating two nodes
     assert "replicate link: latency" in out and "Mbit/s per rank" in out
     assert "node 1 (ranks [2, 3]): device CPU" in out and f"torch {torch.__version__}, CUDA" in out
-    assert ", NCCL -" in out and "drift policy: on_drift='raise'" in out
+    assert ", NCCL -" in out and "drift policy: on_drift='auto' (here: 'raise')" in out  # the default, alike
     assert "WARNING: the nodes' hardware" not in out  # one machine: alike
 
 
@@ -35,6 +35,10 @@ def test_unlike_nodes_with_an_exact_drift_policy_are_warned_about():
     assert "WARNING" in hardware_report([h100, h100, older, older], nodes, "resync")[-1]
     alike = hardware_report([h100] * 4, nodes, "tolerate")
     assert "note: every node runs the same hardware and versions: on_drift='raise'" in alike[-1]
+    # the default chooses by the hardware: no warning, no note
+    assert hardware_report([h100, h100, a100, a100], nodes, "auto")[2:] == ["drift policy: on_drift='auto' (here: "
+                                                                         "'tolerate')"]
+    assert hardware_report([h100] * 4, nodes, "auto")[2:] == ["drift policy: on_drift='auto' (here: 'raise')"]
 
 
 def test_nccl_report_names_interface_and_infiniband(monkeypatch):

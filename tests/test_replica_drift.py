@@ -15,7 +15,8 @@ GATHER = "all_gather_single" if hasattr(torch.distributed, "all_gather_single") 
 
 pytestmark = pytest.mark.multiprocess
 
-CASES = ["lastbit,on_drift=tolerate", "lastbit,on_drift=raise", "lastbit,on_drift=resync,steps=22", "corrupt"]
+CASES = ["lastbit,on_drift=tolerate", "lastbit,on_drift=raise", "lastbit,on_drift=resync,steps=22", "corrupt",
+         "lastbit,on_drift=auto,steps=45,mixed=1", "lastbit,on_drift=auto,steps=45"]
 LR, TOLERANCE = 3e-3, 2.0  # drift_worker's lr, the default drift_tolerance
 NODES = ((0, 1), (2, 3))
 REPLICAS = ((0, 2), (1, 3))
@@ -81,3 +82,15 @@ def test_the_exact_check_stays_on_the_replicate_group_too(suite):
         assert checking["syncs"] == ["tolist", *plain["syncs"]]
         extra = result["stats"][20]["bytes_sent"] - result["stats"][21]["bytes_sent"]
         assert extra == 8 * result["params"] + result["local_numel"] * 4 // 2  # every parameter differed
+
+
+
+def test_auto_tolerates_on_mixed_hardware_and_is_exact_on_one_kind(suite):
+    """The default: node 1 reporting another device model makes every rank choose the bounded check, which trains
+    through the last-bit differences and logs them; on one kind of hardware the exact check stops at its first
+    check after them."""
+    for rank in _case(suite, "lastbit,on_drift=auto,steps=45,mixed=1"):
+        assert rank["policy"] == "tolerate" and rank["error"] is None and rank["step"] == 44
+        assert rank["checks"][-1]["replica_drift_of_bound"] < 1e-2
+    for rank in _case(suite, "lastbit,on_drift=auto,steps=45"):
+        assert rank["policy"] == "raise" and "on_drift='raise'" in rank["error"]

@@ -10,13 +10,14 @@ from __future__ import annotations
 import contextlib
 import sys
 from pathlib import Path
+from unittest import mock
 
 import torch
 import torch.distributed as dist
 from habits_worker import full, main, observed
 from optimizer_worker import mlp, mlp_loss, train_perturbed
 
-from hf_flexdemo import FlexDeMo, build_hybrid_mesh, shard_model
+from hf_flexdemo import FlexDeMo, build_hybrid_mesh, guards, shard_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from replica_drift_worker import unlike_inverse_dct  # noqa: E402
@@ -36,7 +37,11 @@ def case_lastbit(args) -> dict:
     model, opt = _optimizer(args.on_drift, EVERY)
     rank, error, checks, before, logs, stats = dist.get_rank(), None, [], [], {}, {}
     unlike = unlike_inverse_dct(1.0, seed=rank) if rank >= 2 else contextlib.nullcontext()
-    with unlike:
+    other = {**guards.hardware(torch.device("cpu")), "device": "another device model"}
+    # node 1 reports another device model (on_drift="auto" decides by it)
+    mixed = mock.patch.object(guards, "hardware", lambda device: other) if args.mixed == "1" and rank >= 2 \
+        else contextlib.nullcontext()
+    with unlike, mixed:
         for step in range(int(args.steps)):
             mlp_loss(model, step, rank).backward()
             log = {"collectives": [], "syncs": []}
@@ -54,6 +59,7 @@ def case_lastbit(args) -> dict:
             if step % EVERY == EVERY - 1:
                 before.append({n: full(p) for n, p in model.named_parameters()})
     return {"error": error, "step": step, "checks": checks, "before_checks": before, "logs": logs, "stats": stats,
+            "policy": opt._drift_policy,
             "local_numel": sum(p.to_local().numel() for p in model.parameters()),
             "params": len(list(model.parameters()))}
 
@@ -66,4 +72,4 @@ def case_corrupt(args) -> dict:
 
 
 if __name__ == "__main__":
-    main(globals(), {"on_drift": "tolerate", "steps": "200"})
+    main(globals(), {"on_drift": "tolerate", "steps": "200", "mixed": "0"})
