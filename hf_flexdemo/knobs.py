@@ -98,7 +98,7 @@ PRESETS: dict[str, dict[str, Any]] = {
                    "compression_chunk": 64, "value_dtype": "float32", "compression_decay": 0.999},
     # 4 AdamW steps per node, then the pseudo-gradient's top 1/4 of each 32 x 32 block in 2-bit values: the local-steps
     # sweep's choice at 42x fewer bytes than bf16 HSDP (README "Local steps").
-    "local-steps": {"local_steps": 4, "value_dtype": "int2"},
+    "local-steps": {"local_steps": 4, "value_dtype": "int2", "overlap": "delayed"},
 }
 
 
@@ -267,5 +267,6 @@ HELP: dict[str, str] = {
 PRESET_HELP = ("A named set of knob values applied to the knobs left at their default: default (the package's "
                "measured defaults), flexdemo-paper (the FlexDeMo authors' rule: momentum=lr, update=sign, "
                "consensus=choosers, 4 of each 8 x 8 block, float32 values), demo-paper (DeMo's defaults: 32 of "
-               "each 64 x 64 block, sign, float32 values), local-steps (local_steps=4 with int2 values: 4 AdamW steps "
-               "per node, then one exchange). A knob set to anything but its default overrides the preset.")
+               "each 64 x 64 block, sign, float32 values), local-steps (local_steps=4 with int2 values, streamed: 4 "
+               "AdamW steps per node, then one exchange that travels during the next step). A knob set to "
+               "anything but its default overrides the preset.")

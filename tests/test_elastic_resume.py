@@ -3,7 +3,8 @@ processes per node) resumed on another of them under each applicable ``resume_po
 
 Three launches, several trainer runs each (``elastic_worker``): the 1 x 2 and 2 x 1 sources; the 2 x 2 source and
 the resumes onto 2 x 2; the resumes from 2 x 2 onto 1 x 2 and 2 x 1. Each source trains 20 steps with a checkpoint
-at step 10; each resume trains steps 11-20 (``update="adamw"``: replicated moments beside per-node ones)."""
+at step 10; each resume trains steps 11-20 (``update="adamw"``: replicated moments beside per-node ones). Local
+steps too: 2 x 2 -> 1 x 2 from a checkpoint in the middle of a round."""
 
 from __future__ import annotations
 
@@ -29,13 +30,15 @@ SHARD = {"1x2": 2, "2x1": 1, "2x2": 2}
 LOSS_BOUND = 0.05
 
 
-def _source(topology: str) -> dict:
-    return {"name": f"src_{topology}", "shard_size": SHARD[topology], "steps": 20, "save_steps": 10}
+def _source(topology: str, **local) -> dict:
+    tag = "_local" if local else ""
+    return {"name": f"src_{topology}{tag}", "shard_size": SHARD[topology], "steps": 20, "save_steps": 10, **local}
 
 
-def _resume(old: str, new: str, policy: str | None, runs: Path) -> dict:
-    return {"name": f"{old}_to_{new}_{policy}", "shard_size": SHARD[new], "steps": 20, "policy": policy,
-            "resume": str(runs / f"src_{old}" / "checkpoint-10")}
+def _resume(old: str, new: str, policy: str | None, runs: Path, **local) -> dict:
+    tag = "_local" if local else ""
+    return {"name": f"{old}{tag}_to_{new}_{policy}", "shard_size": SHARD[new], "steps": 20, "policy": policy,
+            "resume": str(runs / f"src_{old}{tag}" / "checkpoint-10"), **local}
 
 
 @pytest.fixture(scope="module")
@@ -45,10 +48,11 @@ def elastic(tmp_path_factory) -> tuple[Path, dict]:
     runs = out / "runs"
     launches = [
         (2, [_source("1x2"), _source("2x1")]),
-        (4, [_source("2x2"), _resume("1x2", "2x2", None, runs),
+        (4, [_source("2x2"), _source("2x2", local_steps=4), _resume("1x2", "2x2", None, runs),
              *(_resume("1x2", "2x2", p, runs) for p in ("average", "reset")),
              *(_resume("2x1", "2x2", p, runs) for p in ("average", "reset", "keep"))]),
         (2, [_resume("2x2", "1x2", None, runs), *(_resume("2x2", "1x2", p, runs) for p in ("average", "reset")),
+             _resume("2x2", "1x2", "average", runs, local_steps=4),
              *(_resume("2x2", "2x1", p, runs) for p in ("average", "reset", "keep"))]),
     ]
     results: dict = {}
@@ -115,3 +119,26 @@ def test_resume_on_another_topology_without_a_policy_is_refused_before_any_step(
         assert result["global_step"] == 0 and not result["optimizer"]
         assert "written on another topology; (saved, now) = {" in result["error"]
         assert "resume_policy=None" in result["error"] and "'average' | 'reset' to reshard" in result["error"]
+
+
+def test_local_steps_resume_on_fewer_nodes_mid_round(elastic):
+    """local_steps=4, saved at step 10 (mid-round) on 2 x 2, resumed on 1 x 2 under average: the parameters are the
+    checkpoint's weights, which are the anchor; the anchor reshards exactly; the error feedback and the inner
+    AdamW's moments are the old nodes' mean; the new replica's local values restart from the anchor."""
+    runs, results = elastic
+    result, checkpoint = results["2x2_local_to_1x2_average"], runs / "src_2x2_local" / "checkpoint-10"
+    weights = safetensors.torch.load_file(checkpoint / "model.safetensors")
+    for name, value in result["params_at_start"].items():
+        assert torch.equal(value, weights[name]), name
+    for index in result["state_at_start"]:
+        anchor = _old_state(checkpoint, "anchor", index)[0]
+        for key in ("anchor", "local", "delta", "exp_avg", "exp_avg_sq"):
+            new_nodes = assemble([r["state_at_start"][index][key] for r in result["ranks"]], SHARD["1x2"])
+            if key in ("delta", "exp_avg", "exp_avg_sq"):
+                want = torch.stack(_old_state(checkpoint, key, index)).mean(0)
+            else:
+                want = anchor.to(new_nodes[0].dtype)
+            assert torch.equal(new_nodes[0], want), (index, key)
+    losses = _losses(result)
+    assert sorted(losses) == list(range(1, 21))
+    assert sum(losses[s] for s in range(16, 21)) < sum(losses[s] for s in range(6, 11))  # training continues

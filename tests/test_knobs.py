@@ -84,7 +84,7 @@ PAPER = {"momentum": "lr", "update": "sign", "consensus": "choosers", "value_dty
     ("default", {}),
     ("flexdemo-paper", {**PAPER, "compression_topk": 4, "compression_chunk": 8}),  # 4 of 64: the authors' 1/16
     ("demo-paper", {**PAPER, "compression_topk": 32, "compression_chunk": 64}),  # DeMo's 32 of 64 x 64
-    ("local-steps", {"local_steps": 4, "value_dtype": "int2"}),
+    ("local-steps", {"local_steps": 4, "value_dtype": "int2", "overlap": "delayed"}),
 ])
 def test_presets_set_their_documented_knobs_in_the_config_and_the_optimizer(preset, documented):
     import torch

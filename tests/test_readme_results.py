@@ -128,9 +128,25 @@ def test_the_elastic_resume_figures_are_the_json():
         assert run["loaded_exactly"] and round(abs(old), 2) <= 1.00 and old * new < 0  # between the straight runs
 
 
-@pytest.mark.parametrize("name", ["elastic_resume", "replica_drift", "replicator_bytes", "convergence_quick",
-                                  "time_to_target_quick", "sweep_local", "time_to_target_local", "optimizer_step",
-                                  "selection", "convergence_quick_xeon", "sweep_local_long"])
+def test_the_streamed_time_to_target_figures_are_the_json():
+    data, waiting = result("time_to_target_streaming"), result("time_to_target_local")
+    assert data["settings"]["flexdemo"] == ["local_steps=4", "value_dtype=int2", "overlap=delayed"]
+    assert f"crosses the target at {data['compute_only']['seconds']:.1f} s (step {data['compute_only']['step']:.0f})" \
+        in README
+    for link, ratios in data["vs_compute_only"].items():
+        flexdemo = data["time_to_target"][link]["flexdemo"]
+        assert not flexdemo["at_boundary"]
+        cells = f"| {flexdemo['seconds']:.1f} (step {flexdemo['step']:.0f}) | **{ratios['flexdemo']:.2f}**"
+        assert cells in README, link
+        assert f"| {waiting['vs_compute_only'][link]['flexdemo']:.2f} |" in README, link
+    adamw = data["time_to_target"]["1000"]["adamw"]
+    assert f"projects to {adamw['projected_seconds']:.1f} s" in README
+
+
+@pytest.mark.parametrize("name", ["time_to_target_streaming", "elastic_resume", "replica_drift",
+                                  "replicator_bytes", "convergence_quick", "time_to_target_quick", "sweep_local",
+                                  "time_to_target_local", "optimizer_step", "selection", "convergence_quick_xeon",
+                                  "sweep_local_long"])
 def test_quoted_results_record_a_clean_commit_taken_at_start(name):
     data = result(name)
     for header in data.get("invocations", [data]):  # a sweep: every invocation that added runs
