@@ -35,7 +35,10 @@ def test_flexdemo_trains_logs_traffic_and_keeps_replicas_identical(straight):
     total_sent = sum(r["comm_stats"]["bytes_sent"] for r in ranks)
     total_dense = sum(r["comm_stats"]["dense_bytes"] for r in ranks)
     logs = [e for e in ranks[0]["log_history"] if "loss" in e]
-    for entry in logs:
+    # step 1 also carries the drift check (drift_check_every=100: steps 0, 100, ...), counted in the bytes
+    check = logs[0]["flexdemo/bytes_sent"] - total_sent
+    assert check > 0
+    for entry in logs[1:]:
         assert entry["flexdemo/bytes_sent"] == total_sent
         assert entry["flexdemo/bytes_received"] == sum(r["comm_stats"]["bytes_received"] for r in ranks)
         # headline: vs a bf16 all-reduce of the same shards (per rank dense_allreduce_bytes(numel, R, 2): the fp32
@@ -44,7 +47,7 @@ def test_flexdemo_trains_logs_traffic_and_keeps_replicas_identical(straight):
         assert entry["flexdemo/compression_ratio"] == pytest.approx(total_bf16 / total_sent)
         assert entry["flexdemo/compression_ratio_fp32"] == pytest.approx(total_dense / total_sent)
         assert entry["flexdemo/comm_seconds"] > 0
-    assert logs[-1]["flexdemo/total_bytes_sent"] == 20 * total_sent
+    assert logs[-1]["flexdemo/total_bytes_sent"] == 20 * total_sent + check
     for a, b in [(0, 2), (1, 3)]:
         for name, value in ranks[a]["params"].items():
             assert torch.equal(value, ranks[b]["params"][name]), name
