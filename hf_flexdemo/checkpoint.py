@@ -53,9 +53,7 @@ def describe_state(optimizer: FlexDeMo, world_size: int) -> dict[str, Any]:
     """What a resume on another topology needs besides the topology (call after ``state_dict``, which holds a
     delayed exchange): the rank files, whether a delayed exchange is pending, whether local steps run, and each
     parameter's name and full shape in ``state_dict`` order."""
-    params = [(name, list(p.shape)) for g, group in enumerate(optimizer.param_groups)
-              for name, p in zip(group.get("param_names") or [f"param_groups[{g}][{i}]" for i in
-                                                              range(len(group["params"]))], group["params"])]
+    params = [(name, list(p.shape)) for name, p in optimizer.param_names()]
     return {"files": [rank_file(r) for r in range(world_size)], "pending": optimizer._pending is not None,
             "local_steps": optimizer.options["local_steps"], "params": params}
 

@@ -55,7 +55,6 @@ if TYPE_CHECKING:
 
 FLOAT32_KEYS = ("anchor", "outer_avg")  # besides delta, which the optimizer already keeps in float32
 LOCAL_KEY = "local"  # mid-round state_dict only: this rank's parameter shard
-PENDING_KEYS = ("pending_delta", "pending_update")  # streaming: an exchange in flight, held by state_dict
 
 
 def outer_step(anchor: Tensor, q: Tensor, outer_avg: Tensor | None, *, lr: float, momentum: float) -> None:
@@ -137,9 +136,7 @@ class LocalSteps:
             stack.commit(spent=False)
             torch._foreach_sub_(list(stack.delta.unbind(0)), stack.shards())  # minus where the replica is now
             self._outer(stack, stack_rows(stack.states, "pending_update"))
-        for state in (state for stack in stacks for state in stack.states):
-            for key in PENDING_KEYS:
-                state.pop(key, None)
+        opt._drop_pending(stacks)
         if pending["skip"]:
             opt._skip(pending["step"], pending["own_nonfinite"])
         self._restart(stacks, clean=True)  # a non-finite round is only known now: clean the moments here

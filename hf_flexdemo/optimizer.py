@@ -431,6 +431,11 @@ class FlexDeMo(Optimizer):
                 with record_function("FlexDeMo::apply"):
                     stack.commit(spent=self._replicator.spends_momentum)
                     stack.apply(stack_rows(stack.states, "pending_update"), stack.lr, self._workspace)
+        self._drop_pending(stacks)
+
+    @staticmethod
+    def _drop_pending(stacks: list[Stack]) -> None:
+        """Forget the held exchange's per-parameter state once it is applied or skipped."""
         for state in (state for stack in stacks for state in stack.states):
             for key in PENDING_KEYS:
                 state.pop(key, None)
@@ -481,27 +486,32 @@ class FlexDeMo(Optimizer):
                 mixed = guards.hardware_differs(self._device, self.replicate, self.shard_group, self._stats)
                 self._drift_policy = "tolerate" if mixed else "raise"
         if self._drift_policy == "tolerate":
-            self._check_within_bound(named)
+            self._check_within_bound(named, [p for _, p in params])
         else:
             guards.check_replicas(named, self.replicate, self.shard_group, self._drift_policy, self._stats)
         if anchored:
             torch._foreach_copy_([local_shard(p) for _, p in params], [anchor for _, anchor in named])
 
-    def _check_within_bound(self, named: list[tuple[str, Tensor]]) -> None:
+    def _check_within_bound(self, named: list[tuple[str, Tensor]], params: list[Tensor]) -> None:
         # a schedule's peak (torch schedulers keep it as initial_lr): the largest step since the last check
         peak = {id(p): max(g["lr"], g.get("initial_lr", g["lr"])) for g in self.param_groups for p in g["params"]}
-        lrs = [peak[id(p)] for _, p in self._named_params()]
+        lrs = [peak[id(p)] for p in params]
         drift, used = guards.check_within_bound(named, lrs, self.options["drift_tolerance"], self.replicate,
                                                 self.shard_group, self._stats)
         self.replica_drift = {"replica_drift": drift, "replica_drift_of_bound": used}
 
-    def _named_params(self) -> list[tuple[str, Tensor]]:
-        """Trainable parameters with their names (``param_names`` of a group if given, else positions)."""
+    def param_names(self) -> list[tuple[str, Tensor]]:
+        """Every parameter with its name (``param_names`` of a group if given, else its position), in
+        ``state_dict`` order."""
         named = []
         for g, group in enumerate(self.param_groups):
             names = group.get("param_names") or [f"param_groups[{g}][{i}]" for i in range(len(group["params"]))]
-            named += [(n, p) for n, p in zip(names, group["params"]) if p.requires_grad]
+            named += list(zip(names, group["params"]))
         return named
+
+    def _named_params(self) -> list[tuple[str, Tensor]]:
+        """The trainable parameters with their names (:meth:`param_names`)."""
+        return [(n, p) for n, p in self.param_names() if p.requires_grad]
 
 
 class _InFlight:
