@@ -30,8 +30,11 @@ bench-quick:
 	$(PYTHON) benchmarks/convergence.py --quick
 	$(PYTHON) benchmarks/time_to_target.py
 
-# The sweeps the package defaults come from (hours on 2 cores; each resumes where it stopped).
+# The sweeps the package defaults come from (hours on 2 cores; each resumes where it stopped): local steps, then
+# the step-wise mode's knobs.
 bench-defaults:
+	$(PYTHON) benchmarks/sweep.py local
+	$(PYTHON) benchmarks/sweep.py local_long
 	$(PYTHON) benchmarks/sweep.py density
 	$(PYTHON) benchmarks/sweep.py levers
 	$(PYTHON) benchmarks/sweep.py overlap

@@ -33,8 +33,9 @@ from hf_flexdemo import FlexDeMo, build_hybrid_mesh, shard_model
 from hf_flexdemo.replicate import dense_allreduce_bytes
 from hf_flexdemo.tiny_t5 import T5_VOCAB_SIZE, named_t5_config
 
-METHODS = ("adamw", "demo", "flexdemo", "flexdemo_backward", "flexdemo_delayed", "flexdemo_random",
-           "flexdemo_budget", "flexdemo_full", "compute_only", "flexdemo_budget_backward", "flexdemo_budget_delayed")
+METHODS = ("adamw", "demo", "flexdemo", "flexdemo_step_wise", "flexdemo_backward", "flexdemo_delayed",
+           "flexdemo_random", "flexdemo_budget", "flexdemo_full", "compute_only", "flexdemo_budget_backward",
+           "flexdemo_budget_delayed")
 DEFAULT_METHODS = METHODS[:-2]  # the time budget with overlap="backward" / "delayed": on request only
 # --model -> (configuration name of hf_flexdemo.tiny_t5, where the published shapes are; vocabulary size)
 MODEL_SHAPES = {"t5-small": ("t5-small", T5_VOCAB_SIZE), "t5-tiny": ("tiny", 4096)}
@@ -60,16 +61,20 @@ class Setup:
 
 def flexdemo_options(method: str, args: argparse.Namespace) -> dict[str, object]:
     """The FlexDeMo keywords of ``method``: the package defaults, the driver's ``--flexdemo FIELD=VALUE`` fields
-    (``args.flexdemo``), then the variant's own."""
+    (``args.flexdemo``), then the variant's own. The step-wise mode's mechanisms (overlap with backward, one step
+    of delay, a time budget) run with ``local_steps=1``; ``random``, ``full`` and ``compute_only`` on the
+    defaults."""
+    step_wise = {"local_steps": 1}
+    buckets = {} if args.bucket_cap_mb is None else {"bucket_cap_mb": args.bucket_cap_mb}
     variant: dict[str, object] = {
-        "flexdemo_backward": {"overlap": "backward"}
-        | ({} if args.bucket_cap_mb is None else {"bucket_cap_mb": args.bucket_cap_mb}),
-        "flexdemo_delayed": {"overlap": "delayed"},
+        "flexdemo_step_wise": step_wise,
+        "flexdemo_backward": {**step_wise, "overlap": "backward", **buckets},
+        "flexdemo_delayed": {**step_wise, "overlap": "delayed"},
         "flexdemo_random": {"replicator": "random"},
-        "flexdemo_budget": {"budget_fraction": args.budget_fraction},
-        "flexdemo_budget_backward": {"budget_fraction": args.budget_fraction, "overlap": "backward"}
-        | ({} if args.bucket_cap_mb is None else {"bucket_cap_mb": args.bucket_cap_mb}),
-        "flexdemo_budget_delayed": {"budget_fraction": args.budget_fraction, "overlap": "delayed"},
+        "flexdemo_budget": {**step_wise, "budget_fraction": args.budget_fraction},
+        "flexdemo_budget_backward": {**step_wise, "budget_fraction": args.budget_fraction, "overlap": "backward",
+                                     **buckets},
+        "flexdemo_budget_delayed": {**step_wise, "budget_fraction": args.budget_fraction, "overlap": "delayed"},
         "flexdemo_full": {"replicator": "full"},
         "compute_only": {"replicator": "none"},
     }.get(method, {})
@@ -219,11 +224,14 @@ def run_method(method: str, args: argparse.Namespace) -> dict[str, object]:
     setup = setup_adamw(model, args) if method == "adamw" else setup_flexdemo(model, args, method)
     batches = random_batches(args.model, args)
     warmup = [timed_steps(setup, batches, 1)["seconds"][0] for _ in range(args.warmup_steps)]
+    # local steps: whole rounds, so that the mean counts one exchange step in every local_steps
+    rounds = setup.optimizer.options["local_steps"] if isinstance(setup.optimizer, FlexDeMo) else 1
     steps = args.steps
     if warmup:
-        slowest = torch.tensor([warmup[-1]])
+        slowest = torch.tensor([max(warmup)])
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # every rank plans the same number of steps
         steps = max(1, min(args.steps, int(args.method_budget_s // slowest.item())))
+    steps = max(1, steps // rounds) * rounds
     record, wall, link_bytes = measured(lambda: timed_steps(setup, batches, steps), args.iface)
     reported = torch.tensor([sum(record["reported_bytes"])], dtype=torch.float64)
     dist.all_reduce(reported)
@@ -234,6 +242,7 @@ def run_method(method: str, args: argparse.Namespace) -> dict[str, object]:
             "optimizer_options": setup.options,
             "exchange_wait_seconds": record["exchange_wait_seconds"],
             "median_exchange_wait_seconds": statistics.median(record["exchange_wait_seconds"]),
+            "mean_exchange_wait_seconds": statistics.fmean(record["exchange_wait_seconds"]),
             "collectives_per_step": record["collectives"][-1],
             "rates": record["rate"],
             "rate_final": rates[-1] if rates else None,
@@ -245,7 +254,9 @@ def run_method(method: str, args: argparse.Namespace) -> dict[str, object]:
         "steps_requested": args.steps,
         "steps_timed": steps,
         "step_seconds": record["seconds"],
+        "local_steps": rounds,
         "median_step_seconds": statistics.median(record["seconds"]),
+        "mean_step_seconds": statistics.fmean(record["seconds"]),
         "timed_wall_seconds": wall,
         "link_bytes_per_step": link_bytes / steps,
         "reported_bytes_per_step": reported.item() / steps,

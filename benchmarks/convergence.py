@@ -1,5 +1,8 @@
 """Convergence benchmark: validation loss and BLEU over training of HSDP+AdamW, DeMo and FlexDeMo on real data.
 
+FlexDeMo runs twice: at the package defaults (``flexdemo``: local steps) and in its step-wise mode
+(``step_wise``: ``preset="step-wise"``, the default before local steps); DeMo at its published rule (``demo``).
+
 Every method trains the same new T5 (tokenizer built from the training text, same seed, same data order
 with ``seed``/``data_seed``, same steps, batch and schedule) on 2 nodes x 2 processes (4 CPU ranks, one
 ``torchrun --nproc_per_node 4`` job per method, ``FlexDeMoConfig(method=..., shard_size=2)``), through the
@@ -41,16 +44,18 @@ import harness
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 MULTI30K = REPO.parent / "shared" / "data" / "multi30k"
-METHODS = ("adamw", "flexdemo", "demo")  # adamw first: the reference of the gap
-# "demo" is DeMo: its published rule and density (the demo-paper preset) on its topology (every rank a replica).
-METHOD_PRESETS = {"demo": "demo-paper"}
+METHODS = ("adamw", "flexdemo", "step_wise", "demo")  # adamw first: the reference of the gap
+# "flexdemo" runs the package defaults (local steps); "step_wise" the step-wise mode, the default before (FlexDeMo's
+# topology, preset "step-wise"); "demo" is DeMo: its published rule and density (the demo-paper preset) on its
+# topology (every rank a replica). A benchmark method -> (FlexDeMoConfig.method, preset).
+METHOD_SETUPS = {"step_wise": ("flexdemo", "step-wise"), "demo": ("demo", "demo-paper")}
 NPROC, SHARD_SIZE = 4, 2  # 2 nodes x 2 processes
 GAP_TARGET_PCT = 2.0  # issue #9: FlexDeMo's final validation loss within 2 % of AdamW's
 BYTES_RATIO_TARGET = 8.0  # ... with at least 8x fewer inter-node bytes per step
 # The learning rates benchmarks/sweep.py measured best on this data (results/sweep_density.json: 3e-3 against
 # 1e-3 and 1e-2 for FlexDeMo's default rule; AdamW's own sweep of the first release also chose 3e-3).
-DEFAULT_LRS = {"adamw": 3e-3, "flexdemo": 3e-3, "demo": 3e-3}
-SWEEP_LRS = {"adamw": (1e-3, 3e-3, 1e-2), "flexdemo": (1e-3, 3e-3, 1e-2), "demo": (1e-3, 3e-3, 1e-2)}
+DEFAULT_LRS = {method: 3e-3 for method in METHODS}  # local steps: AdamW's own (sweep_local.json)
+SWEEP_LRS = {method: (1e-3, 3e-3, 1e-2) for method in METHODS}
 PRESETS: dict[str, dict[str, Any]] = {
     "quick": {
         "d_model": 128, "d_ff": 512, "num_layers": 2, "num_heads": 4, "vocab_size": 4000, "batch_size": 16,
@@ -151,9 +156,10 @@ def worker_args(args: argparse.Namespace, method: str, lr: float, bleu_samples: 
             "eval_steps", "logging_steps", "adam_beta1", "seed", "data_seed",
         )
     }
-    options |= {"method": method, "lr": lr, "bleu_samples": bleu_samples, "shard_size": SHARD_SIZE,
+    setup, preset_name = METHOD_SETUPS.get(method, (method, None))
+    options |= {"method": setup, "lr": lr, "bleu_samples": bleu_samples, "shard_size": SHARD_SIZE,
                 "output_dir": output_dir, "out": out}
-    preset = [f"--flexdemo_preset={METHOD_PRESETS[method]}"] if method in METHOD_PRESETS else []
+    preset = [f"--flexdemo_preset={preset_name}"] if preset_name else []
     return [str(HERE / "convergence_worker.py"), *(f"--{k}={v}" for k, v in options.items()), *preset,
             *harness.flexdemo_flags(args.flexdemo)]  # the user's --flexdemo flags come last: they win
 

@@ -51,9 +51,17 @@ def _local(steps: int, *, rate: float = 1 / 4, value_dtype: str = "int2", **knob
                 value_dtype=value_dtype, **knobs)
 
 
+# A grid's "pin": knob values its runs take unless they set them, left out of the run keys. The grids of the
+# step-wise mode ran when it was the default (local_steps=1); the local-steps grids waited for each exchange
+# unless a run said overlap="delayed" (the default "auto" streams now). Pinned, a rerun measures what the
+# committed JSON's run keys meant.
+STEP_WISE = {"local_steps": 1}
+WAITING = {"overlap": "none"}
+
 GRIDS: dict[str, dict[str, Any]] = {
     "density": {
         "argv": QUICK,
+        "pin": STEP_WISE,
         "runs": [
             _run("adamw", 3e-3),
             *(_run("flexdemo", 3e-3, compression_rate=rate, compression_chunk=8, **RULE)
@@ -82,6 +90,7 @@ GRIDS: dict[str, dict[str, Any]] = {
         ],
     },
     "levers": {
+        "pin": STEP_WISE,
         "argv": LONG,
         "runs": [
             _run("adamw", 3e-3),
@@ -162,6 +171,7 @@ GRIDS: dict[str, dict[str, Any]] = {
     # Local steps over 1,000 steps, two seeds: the grid "local"'s candidates at 40x fewer bytes than bf16 HSDP.
     "local_long": {
         "argv": LONG,
+        "pin": WAITING,
         "runs": [
             *(_run("adamw", 3e-3, **seed) for seed in ({}, {"seed": 7})),
             *(_local(steps, **seed) for steps in (4, 8) for seed in ({}, {"seed": 7})),
@@ -172,6 +182,7 @@ GRIDS: dict[str, dict[str, Any]] = {
     # in tests/test_overlap.py; it refuses Trainer's gradient clipping, which these runs use.)
     "overlap": {
         "argv": QUICK,
+        "pin": STEP_WISE,
         "runs": [_run("adamw", 3e-3), *(_run("flexdemo", 3e-3, overlap=o) for o in ("none", "delayed")),
                  _run("flexdemo", 1e-3, overlap="delayed")],  # does a stale update want a smaller step?
     },
@@ -179,6 +190,7 @@ GRIDS: dict[str, dict[str, Any]] = {
     # each 32 x 32 block at 8 (float8), 4 or 2 bits. H = 1 is the step-wise default, where the outer rule is unused.
     "local": {
         "argv": QUICK,
+        "pin": WAITING,
         "runs": [
             _run("adamw", 3e-3),
             *(_local(steps, rate=rate, value_dtype=value_dtype, **outer)
@@ -273,7 +285,8 @@ def main() -> None:
     for name in [*bench.header, "duration_seconds"]:
         report.pop(name, None)  # the latest invocation's header goes on top (Run.write)
     settings = convergence.parse_args(grid["argv"])
-    report.update(grid=args.grid, convergence_argv=grid["argv"], settings=convergence.settings(settings))
+    report.update(grid=args.grid, convergence_argv=grid["argv"], pin=grid.get("pin", {}),
+                  settings=convergence.settings(settings))
     wanted = [r for r in grid["runs"] if not args.only or run_key(r) in args.only]
     with tempfile.TemporaryDirectory(prefix="fdm-sweep-") as scratch:
         for run in wanted:
@@ -281,7 +294,8 @@ def main() -> None:
             if key in report["runs"] and report["runs"][key]["status"] == "ok":
                 continue
             training = [f"--{k}={v}" for k, v in run["knobs"].items() if k in TRAINING_KNOBS]
-            knobs = [f"{k}={v}" for k, v in run["knobs"].items() if k not in TRAINING_KNOBS]
+            pinned = {**grid.get("pin", {}), **run["knobs"]} if run["method"] != "adamw" else run["knobs"]
+            knobs = [f"{k}={v}" for k, v in pinned.items() if k not in TRAINING_KNOBS]
             options = convergence.parse_args([*grid["argv"], *training, *(["--flexdemo", *knobs] if knobs else [])])
             start = time.monotonic()
             result = convergence.summarize(convergence.run_method(options, run["method"], run["lr"], 0, Path(scratch)))

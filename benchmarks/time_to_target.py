@@ -13,7 +13,7 @@ iproute2``).
 
     python benchmarks/time_to_target.py                  # as root; links 10, 25 and 1000 Mbit/s, <= 39 min
     python benchmarks/time_to_target.py --budget_s 3600  # AdamW at 10 Mbit/s trained to the target too
-    python benchmarks/time_to_target.py --flexdemo local_steps=4 value_dtype=int2 --out ...  # another FlexDeMo
+    python benchmarks/time_to_target.py --flexdemo local_steps=1 --out ...  # another FlexDeMo: the step-wise mode
 
 Target and schedule: the target is AdamW's validation loss at the preset's last step (``--max_steps``, 300)
 + ``--margin_pct`` (2 %), but every run trains with a learning-rate schedule of ``--steps_factor`` (1.5) x

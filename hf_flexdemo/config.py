@@ -121,9 +121,9 @@ class FlexDeMoConfig:
                              "baseline's gradient reduction; FlexDeMo's exchange has its own wire type, "
                              "value_dtype).")
         preset = knobs.apply_preset(self.flexdemo_preset, self.optimizer_kwargs(), field="flexdemo_preset")
-        for key, value in preset.items():
+        knobs.validate(preset)
+        for key, value in knobs.resolve(preset).items():
             setattr(self, key, value)  # the fields show the knobs in use (model card, results JSONs)
-        knobs.validate(self.optimizer_kwargs())
 
     def optimizer_kwargs(self) -> dict[str, Any]:
         """The FlexDeMo constructor arguments this config sets."""

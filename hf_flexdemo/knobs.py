@@ -2,7 +2,8 @@
 
 ``FlexDeMo`` (the ``torch.optim`` optimizer) and ``FlexDeMoConfig`` (the ``HfArgumentParser`` dataclass)
 both take their defaults from :data:`DEFAULTS` and their checks from :func:`validate`, so the two can
-never disagree; a test pins it. The defaults are measured choices: README "Choosing the defaults".
+never disagree; a test pins it. The defaults are measured choices: README "Local steps, the default" (and "The
+step-wise mode" for the knobs of ``local_steps=1``).
 
 Knobs are of two kinds, as in torch's optimizers:
 
@@ -20,13 +21,14 @@ from typing import Any, Literal, get_args
 Update = Literal["sign", "sgd", "adamw", "rmsprop"]
 Replicator = Literal["demo", "random", "full", "none"]
 Momentum = Literal["lr", "ema", "avg", "adam"]
-Overlap = Literal["none", "backward", "delayed"]
+# "auto": "delayed" (streamed) with local_steps > 1, else "none"
+Overlap = Literal["auto", "none", "backward", "delayed"]
 Consensus = Literal["choosers", "replicas"]
-# "auto": float8 for replicator="demo", else bfloat16
+# "auto": for replicator="demo" int2 with local_steps > 1, else float8; bfloat16 for the all-reduces
 ValueDtype = Literal["auto", "bfloat16", "float32", "float8", "int4", "int2"]
 NonfiniteAction = Literal["skip", "raise"]
 DriftAction = Literal["auto", "raise", "resync", "tolerate"]
-Preset = Literal["default", "flexdemo-paper", "demo-paper", "local-steps"]
+Preset = Literal["default", "step-wise", "flexdemo-paper", "demo-paper"]
 Transform = Literal["dct", "none"]
 
 UPDATES: tuple[str, ...] = get_args(Update)
@@ -63,7 +65,7 @@ DEFAULTS: dict[str, Any] = {
     "consensus": "replicas",
     "value_dtype": "auto",
     "replicator_seed": 0,
-    "overlap": "none",
+    "overlap": "auto",
     "bucket_cap_mb": 25.0,  # DDP's bucket_cap_mb
     "budget_bytes": None,
     "budget_fraction": None,
@@ -73,7 +75,7 @@ DEFAULTS: dict[str, Any] = {
     "drift_check_every": 100,
     "on_drift": "auto",
     "drift_tolerance": 2.0,
-    "local_steps": 1,
+    "local_steps": 4,
     "outer_lr": 1.0,
     "outer_momentum": 0.0,
     "outer_delay": 1,
@@ -84,21 +86,25 @@ PER_GROUP: tuple[str, ...] = ("lr", "weight_decay", "betas", "eps", "compression
 OPTIMIZER_WIDE: tuple[str, ...] = tuple(key for key in DEFAULTS if key not in PER_GROUP)
 
 
-# Named sets of knob values. The package default departs from the papers (AdamW's direction enters the momentum,
-# the consensus is the plain mean, the step is SGD on it, values travel in float8): README "Choosing the
-# defaults" has the measurements. These reproduce the published rules.
+# Named sets of knob values. The package default takes 4 local AdamW steps per node, then streams the
+# pseudo-gradient's top 1/4 of each 32 x 32 DCT block in 2-bit values (README "Local steps": the sweep's choice,
+# at 42x fewer bytes than bf16 HSDP). "step-wise" exchanges every step, as FlexDeMo does, with the rule that
+# departs from the papers (AdamW's direction enters the momentum, the consensus is the plain mean, the step is SGD
+# on it, values travel in float8: README "Choosing the step-wise rule"). The paper presets reproduce the
+# published rules.
 PRESETS: dict[str, dict[str, Any]] = {
     "default": {},
+    # the default until local steps won the sweep: a compressed momentum exchange every step (float8, in step())
+    "step-wise": {"local_steps": 1},
     # FlexDeMo (arXiv 2502.06728) as its authors run it: DeMo's rule on FSDP shards at their effective density,
     # 4 of every 64 coefficients (their FSDP1 shards are flat, so chunk 64 / top-k 4 keeps 1/16); float32 values.
-    "flexdemo-paper": {"momentum": "lr", "update": "sign", "consensus": "choosers", "compression_topk": 4,
-                       "compression_chunk": 8, "value_dtype": "float32", "compression_decay": 0.999},
+    "flexdemo-paper": {"local_steps": 1, "momentum": "lr", "update": "sign", "consensus": "choosers",
+                       "compression_topk": 4, "compression_chunk": 8, "value_dtype": "float32",
+                       "compression_decay": 0.999},
     # DeMo (arXiv 2411.19870)'s defaults: top-k 32 of each 64 x 64 block (1/128), sign-SGD, float32 values.
-    "demo-paper": {"momentum": "lr", "update": "sign", "consensus": "choosers", "compression_topk": 32,
-                   "compression_chunk": 64, "value_dtype": "float32", "compression_decay": 0.999},
-    # 4 AdamW steps per node, then the pseudo-gradient's top 1/4 of each 32 x 32 block in 2-bit values: the local-steps
-    # sweep's choice at 42x fewer bytes than bf16 HSDP (README "Local steps").
-    "local-steps": {"local_steps": 4, "value_dtype": "int2", "overlap": "delayed"},
+    "demo-paper": {"local_steps": 1, "momentum": "lr", "update": "sign", "consensus": "choosers",
+                   "compression_topk": 32, "compression_chunk": 64, "value_dtype": "float32",
+                   "compression_decay": 0.999},
 }
 
 
@@ -109,12 +115,24 @@ def apply_preset(preset: str, values: dict[str, Any], *, field: str = "preset") 
     return {**values, **{key: value for key, value in PRESETS[preset].items() if values[key] == DEFAULTS[key]}}
 
 
-def resolve_value_dtype(value_dtype: str, replicator: str) -> str:
-    """``value_dtype="auto"``'s choice: float8 for ``demo``'s all-gather, bfloat16 for the all-reduces, which add
-    values (float8's per-block scales do not add up); any other value as given."""
+def resolve_value_dtype(value_dtype: str, replicator: str, local_steps: int = 1) -> str:
+    """``value_dtype="auto"``'s choice: for ``demo``'s all-gather int2 with local steps (the local-steps sweep's
+    choice: error feedback sends what the 2-bit rounding loses in the next round) and float8 step-wise;
+    bfloat16 for the all-reduces, which add values (per-block scales do not add up); any other value as given."""
     if value_dtype != "auto":
         return value_dtype
-    return "float8" if replicator == "demo" else "bfloat16"
+    if replicator != "demo":
+        return "bfloat16"
+    return "int2" if local_steps > 1 else "float8"
+
+
+def resolve(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with every ``"auto"`` knob replaced by its choice (``value_dtype``, ``overlap``), so that a
+    state_dict, a model card or a results JSON records what actually ran."""
+    local = values["local_steps"]
+    overlap = values["overlap"]
+    return {**values, "value_dtype": resolve_value_dtype(values["value_dtype"], values["replicator"], local),
+            "overlap": ("delayed" if local > 1 else "none") if overlap == "auto" else overlap}
 
 
 def check(ok: bool, name: str, value: Any, accepted: str) -> None:
@@ -184,12 +202,14 @@ def validate(knobs: Mapping[str, Any]) -> None:
           get("value_dtype"), "'bfloat16' | 'float32' with replicator='random' (its all-reduce sums values; "
           "per-block scales do not add up), or replicator='demo' for float8 | int4 | int2")
     if get("local_steps", 1) > 1:
-        check(get("overlap") in ("none", "delayed", None), "overlap", get("overlap"),
-              "'none' | 'delayed' with local_steps > 1 (the exchange runs once a round, from step(): waited for "
-              "there, or travelling during the next round)")
+        check(get("overlap") in ("auto", "none", "delayed", None), "overlap", get("overlap"),
+              f"'auto' | 'none' | 'delayed' with local_steps={get('local_steps')} (the exchange runs once a round, "
+              "from step(): waited for there, or travelling during the next round); overlap='backward' needs "
+              "local_steps=1 (preset='step-wise')")
         check(get("budget_fraction") is None, "budget_fraction", get("budget_fraction"),
-              "None with local_steps > 1 (a time budget measures every step's exchange)")
-        check(get("overlap") != "delayed" or get("outer_delay", 1) <= get("local_steps"), "outer_delay",
+              f"None with local_steps={get('local_steps')} (a time budget measures every step's exchange); a time "
+              "budget needs local_steps=1 (preset='step-wise')")
+        check(get("overlap") not in ("delayed", "auto") or get("outer_delay", 1) <= get("local_steps"), "outer_delay",
               get("outer_delay"), f"1 <= outer_delay <= local_steps={get('local_steps')} (the exchange lands within "
               "the next round)")
     if get("budget_bytes") is not None or get("budget_fraction") is not None:
@@ -226,12 +246,13 @@ HELP: dict[str, str] = {
     "consensus": "replicator='demo': a coefficient is the mean over the replicas that chose it (choosers, DeMo) "
                  "or over all replicas (replicas: the mean momentum).",
     "value_dtype": "Wire type of coefficients (float8: e4m3 with a bfloat16 scale per block; int4/int2: 4 or 2 "
-                   "bits with a bfloat16 scale per block; these three demo only; auto: float8 for "
-                   "replicator='demo', else bfloat16).",
+                   "bits with a bfloat16 scale per block; these three demo only; auto: for replicator='demo' int2 "
+                   "with local_steps > 1, float8 with local_steps=1; else bfloat16).",
     "replicator_seed": "Seed of replicator='random''s shared positions (the same on every replica).",
-    "overlap": "When the exchange runs: in step() (none), started per bucket during backward (backward: the "
-               "same update; gradients are read when FSDP2 finalises them, so clipping does not reach the "
-               "exchange), or travelling during the next step (delayed: one step stale).",
+    "overlap": "When the exchange runs: in step() (none), started per bucket during backward (backward, "
+               "local_steps=1 only: the same update; gradients are read when FSDP2 finalises them, so clipping does "
+               "not reach the exchange), or travelling during the next step (delayed: step-wise one step stale; with "
+               "local steps streamed, see outer_delay). auto (the default): delayed with local_steps > 1, else none.",
     "bucket_cap_mb": "Exchange bucket size in MB of float32 local shards (DDP's bucket_cap_mb).",
     "budget_bytes": "Instead of a rate: the largest rate whose payload fits this many inter-node bytes per step "
                     "and rank.",
@@ -256,7 +277,8 @@ HELP: dict[str, str] = {
                        "last-bit rounding measured ~1e-4 of it.",
     "local_steps": "Local steps H: each node takes H AdamW steps on its own (no traffic), then the pseudo-gradient "
                    "(anchor - local) enters error feedback, is compressed by the replicator and exchanged once, "
-                   "and every node restarts from the updated anchor (DiLoCo / SparseLoCo). 1: exchange every step.",
+                   "and every node restarts from the updated anchor (DiLoCo / SparseLoCo). 1: exchange every step "
+                   "(FlexDeMo's step-wise mode, preset='step-wise').",
     "outer_lr": "local_steps > 1: the anchor moves by outer_lr times the replicas' mean pseudo-gradient.",
     "outer_momentum": "local_steps > 1: Nesterov momentum of that outer step (DiLoCo: outer_lr 0.7, 0.9); 0: plain "
                       "averaging with error feedback (SparseLoCo).",
@@ -265,8 +287,8 @@ HELP: dict[str, str] = {
                    "error feedback, so replicas restart from one anchor and nothing is lost.",
 }
 PRESET_HELP = ("A named set of knob values applied to the knobs left at their default: default (the package's "
-               "measured defaults), flexdemo-paper (the FlexDeMo authors' rule: momentum=lr, update=sign, "
-               "consensus=choosers, 4 of each 8 x 8 block, float32 values), demo-paper (DeMo's defaults: 32 of "
-               "each 64 x 64 block, sign, float32 values), local-steps (local_steps=4 with int2 values, streamed: 4 "
-               "AdamW steps per node, then one exchange that travels during the next step). A knob set to "
-               "anything but its default overrides the preset.")
+               "measured defaults: local_steps=4, int2 values, streamed), step-wise (local_steps=1: a compressed "
+               "momentum exchange every step, float8 values, the default before local steps), flexdemo-paper (the "
+               "FlexDeMo authors' rule: momentum=lr, update=sign, consensus=choosers, 4 of each 8 x 8 block, float32 "
+               "values), demo-paper (DeMo's defaults: 32 of each 64 x 64 block, sign, float32 values); the paper "
+               "presets are step-wise. A knob set to anything but its default overrides the preset.")

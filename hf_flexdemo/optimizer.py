@@ -144,8 +144,7 @@ class FlexDeMo(Optimizer):
                                               "budget_fraction")):
             given["compression_rate"] = DEFAULT_RATE
         super().__init__(params, {key: given[key] for key in PER_GROUP})
-        # Once, so that state_dict records the wire actually used.
-        given["value_dtype"] = knobs.resolve_value_dtype(given["value_dtype"], given["replicator"])
+        given = knobs.resolve(given)  # once, so that state_dict records the wire and schedule actually used
         self.options: dict[str, Any] = {key: given[key] for key in OPTIMIZER_WIDE}
         for group in self.param_groups:
             wide = sorted(set(group) & set(OPTIMIZER_WIDE))

@@ -76,15 +76,16 @@ def test_optimizer_wide_knobs_are_refused_in_a_param_group():
         FlexDeMo([{"params": [weight], "replicator": "full"}])
 
 
-PAPER = {"momentum": "lr", "update": "sign", "consensus": "choosers", "value_dtype": "float32",
+STEP_WISE = {"local_steps": 1, "overlap": "none"}  # overlap="auto" resolves to "none" step-wise
+PAPER = {**STEP_WISE, "momentum": "lr", "update": "sign", "consensus": "choosers", "value_dtype": "float32",
          "compression_decay": 0.999}
 
 
 @pytest.mark.parametrize(("preset", "documented"), [
-    ("default", {}),
+    ("default", {"local_steps": 4, "value_dtype": "int2", "overlap": "delayed"}),  # auto: int2, streamed
+    ("step-wise", {**STEP_WISE, "value_dtype": "float8"}),  # the defaults before local steps
     ("flexdemo-paper", {**PAPER, "compression_topk": 4, "compression_chunk": 8}),  # 4 of 64: the authors' 1/16
     ("demo-paper", {**PAPER, "compression_topk": 32, "compression_chunk": 64}),  # DeMo's 32 of 64 x 64
-    ("local-steps", {"local_steps": 4, "value_dtype": "int2", "overlap": "delayed"}),
 ])
 def test_presets_set_their_documented_knobs_in_the_config_and_the_optimizer(preset, documented):
     import torch
@@ -104,8 +105,24 @@ def test_a_knob_set_by_the_caller_overrides_the_preset_and_a_bad_name_is_refused
 
     config = FlexDeMoConfig(flexdemo_preset="demo-paper", update="adamw")
     assert config.update == "adamw" and config.compression_topk == 32
-    accepted = r"accepted: default \| flexdemo-paper \| demo-paper \| local-steps"
+    accepted = r"accepted: default \| step-wise \| flexdemo-paper \| demo-paper"
     with pytest.raises(ValueError, match=rf"invalid flexdemo_preset='paper'; {accepted}"):
         FlexDeMoConfig(flexdemo_preset="paper")
     with pytest.raises(ValueError, match=rf"invalid preset='paper'; {accepted}"):
         FlexDeMo([torch.nn.Parameter(torch.zeros(2))], preset="paper")
+
+
+def test_one_local_step_alone_is_the_step_wise_preset():
+    """``local_steps=1`` brings back every knob of the step-wise mode: the wire and the schedule follow it."""
+    assert FlexDeMoConfig(local_steps=1).optimizer_kwargs() == FlexDeMoConfig(
+        flexdemo_preset="step-wise").optimizer_kwargs()
+
+
+@pytest.mark.parametrize(("given", "field", "fix"), [
+    ({"overlap": "backward"}, "overlap", "overlap='backward' needs local_steps=1"),
+    ({"budget_fraction": 0.1}, "budget_fraction", "a time budget needs local_steps=1"),
+])
+def test_step_wise_knobs_at_the_default_local_steps_name_the_fix(given, field, fix):
+    with pytest.raises(ValueError, match=rf"invalid {field}=.*accepted:.*local_steps=4.*{fix} \(preset='step-wise'\)"):
+        FlexDeMoConfig(**given)
+    FlexDeMoConfig(**given, flexdemo_preset="step-wise")

@@ -30,11 +30,13 @@ def train(model: nn.Module, opt: torch.optim.Optimizer, steps: int) -> None:
         opt.zero_grad()
 
 
-def test_one_local_step_is_the_default_bit_for_bit():
-    default, explicit = mlp(), mlp()
-    train(default, FlexDeMo(default.parameters(), lr=1e-2, compression_chunk=8), 5)
-    train(explicit, FlexDeMo(explicit.parameters(), lr=1e-2, compression_chunk=8, local_steps=1), 5)
-    for a, b in zip(default.parameters(), explicit.parameters()):
+def test_one_local_step_is_the_step_wise_optimizer_bit_for_bit():
+    """``local_steps=1`` alone trains as the step-wise defaults before local steps, spelled out."""
+    one, before = mlp(), mlp()
+    train(one, FlexDeMo(one.parameters(), lr=1e-2, compression_chunk=8, local_steps=1), 5)
+    train(before, FlexDeMo(before.parameters(), lr=1e-2, compression_chunk=8, local_steps=1, value_dtype="float8",
+                           overlap="none"), 5)
+    for a, b in zip(one.parameters(), before.parameters()):
         assert torch.equal(a, b)
 
 
@@ -42,7 +44,7 @@ def test_one_local_step_is_the_default_bit_for_bit():
 def test_local_steps_train_and_restart_from_the_anchor(value_dtype):
     model = mlp()
     opt = FlexDeMo(model.parameters(), lr=1e-2, local_steps=3, value_dtype=value_dtype, replicator="none",
-                   compression_chunk=8)
+                   compression_chunk=8, overlap="none")
     train(model, opt, 6)
     for p in model.parameters():
         assert torch.equal(p, opt.state[p]["anchor"])  # a round just ended: the parameters are the anchor
@@ -91,7 +93,7 @@ def test_config_carries_the_local_steps_knobs():
     config = FlexDeMoConfig(local_steps=4, outer_lr=0.7, outer_momentum=0.9, value_dtype="int2")
     assert {k: config.optimizer_kwargs()[k] for k in ("local_steps", "outer_lr", "outer_momentum")} == {
         "local_steps": 4, "outer_lr": 0.7, "outer_momentum": 0.9}
-    assert knobs.DEFAULTS["local_steps"] == 1 and "local_steps" in knobs.OPTIMIZER_WIDE
+    assert knobs.DEFAULTS["local_steps"] == 4 and "local_steps" in knobs.OPTIMIZER_WIDE
 
 
 @pytest.mark.parametrize("value_dtype", WIDTHS)
@@ -134,7 +136,7 @@ def test_low_bit_grid_is_uniform_symmetric_and_tiny_blocks_keep_a_normal_scale(v
 
 def test_state_dict_mid_round_holds_the_local_shard_and_round_boundary_does_not():
     model = mlp()
-    opt = FlexDeMo(model.parameters(), lr=1e-2, local_steps=2, replicator="none")
+    opt = FlexDeMo(model.parameters(), lr=1e-2, local_steps=2, replicator="none", overlap="none")
     train(model, opt, 1)
     mid = opt.state_dict()
     assert all("local" in s for s in mid["state"].values()) and not any("local" in s for s in opt.state.values())
@@ -176,7 +178,7 @@ ON_TIME = [0.0, -0.75, -0.75, -0.9375, -0.9375, -0.984375, -0.984375, -0.9960937
 
 @pytest.mark.parametrize(("streaming", "params", "anchors"), [
     # each round's pseudo-gradient (0.75, 0.1875, 0.046875, ...) moves the anchor at the round's end
-    ({}, [-0.5, -0.75, -0.875, -0.9375, -0.96875, -0.984375, -0.9921875, -0.99609375], ON_TIME),
+    ({"overlap": "none"}, [-0.5, -0.75, -0.875, -0.9375, -0.96875, -0.984375, -0.9921875, -0.99609375], ON_TIME),
     # tau = 1: round r's exchange lands at the start of the next step, whose update then starts from the anchor:
     # the same parameters here (the gradient does not depend on where it is taken), the anchor one step later
     ({"overlap": "delayed", "outer_delay": 1}, [-0.5, -0.75, -0.875, -0.9375, -0.96875, -0.984375, -0.9921875,

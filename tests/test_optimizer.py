@@ -1,5 +1,6 @@
 """Single-process FlexDeMo behaviour: argument validation, lazy state, state_dict contents."""
 
+import functools
 import io
 import re
 
@@ -9,6 +10,10 @@ from torch import nn
 
 from hf_flexdemo import FlexDeMo
 from hf_flexdemo.mesh import validate_shard_size
+
+# FlexDeMo in its step-wise mode (an exchange every step), which these tests pin; a local_steps= argument
+# overrides it.
+step_wise = functools.partial(FlexDeMo, local_steps=1)
 
 
 def _params(dtype=torch.float32):
@@ -47,20 +52,23 @@ def _params(dtype=torch.float32):
 )
 def test_invalid_arguments_name_field_and_accepted_values(kwargs, field, accepted):
     with pytest.raises(ValueError, match=rf"{field}=.*accepted:.*{re.escape(accepted)}"):
-        FlexDeMo(_params(), **kwargs)
+        step_wise(_params(), **kwargs)
 
 
-@pytest.mark.parametrize(("replicator", "wire"), [("demo", "float8"), ("random", "bfloat16"), ("full", "bfloat16")])
-def test_auto_value_dtype_is_float8_for_demo_only(replicator, wire):
+@pytest.mark.parametrize(("replicator", "local_steps", "wire"), [
+    ("demo", 1, "float8"), ("demo", 4, "int2"), ("random", 1, "bfloat16"), ("full", 1, "bfloat16"),
+    ("full", 4, "bfloat16")])
+def test_auto_value_dtype_is_scaled_for_demo_only(replicator, local_steps, wire):
     """The default ``value_dtype="auto"`` resolves once, so the state_dict records (and a resume keeps) the wire type;
-    ``random``'s all-reduce adds values, which float8's per-block scales would not allow."""
-    opt = FlexDeMo(_params(), replicator=replicator)
+    ``random``'s all-reduce adds values, which per-block scales would not allow."""
+    opt = FlexDeMo(_params(), replicator=replicator, local_steps=local_steps)
     assert opt.options["value_dtype"] == wire
+    assert opt.options["overlap"] == ("delayed" if local_steps > 1 else "none")
 
 
 def test_fp16_parameters_are_refused():
     with pytest.raises(ValueError, match=r"parameter dtype.*float16.*accepted: torch.float32 \| torch.bfloat16"):
-        FlexDeMo(_params(torch.float16))
+        step_wise(_params(torch.float16))
 
 
 @pytest.mark.parametrize(("shard_size", "world"), [(3, 4), (0, 4), (8, 4)])
@@ -71,7 +79,7 @@ def test_shard_size_must_divide_world(shard_size, world):
 
 def test_state_is_lazy_and_per_parameter():
     model = nn.Linear(8, 4)
-    opt = FlexDeMo(model.parameters(), lr=0.1)
+    opt = step_wise(model.parameters(), lr=0.1)
     assert not opt.state
     model(torch.randn(3, 8)).sum().backward()
     opt.step()
@@ -89,7 +97,7 @@ def test_state_is_lazy_and_per_parameter():
 
 def test_state_dict_from_before_the_consensus_knob_loads_with_demos_decode():
     model = nn.Linear(8, 4)
-    opt = FlexDeMo(model.parameters(), lr=0.1, consensus="replicas")
+    opt = step_wise(model.parameters(), lr=0.1, consensus="replicas")
     model(torch.randn(3, 8)).sum().backward()
     opt.step()
     saved = opt.state_dict()
@@ -97,7 +105,7 @@ def test_state_dict_from_before_the_consensus_knob_loads_with_demos_decode():
     for group in saved["param_groups"]:
         group.update(options, drift_check_every=7)
         del group["consensus"]
-    fresh = FlexDeMo(model.parameters(), lr=0.1, consensus="replicas")
+    fresh = step_wise(model.parameters(), lr=0.1, consensus="replicas")
     fresh.load_state_dict(saved)
     assert fresh.options["consensus"] == "choosers" and fresh.options["drift_check_every"] == 7
     assert not set(fresh.param_groups[0]) & set(options)  # moved out of the groups
@@ -106,11 +114,11 @@ def test_state_dict_from_before_the_consensus_knob_loads_with_demos_decode():
 
 def test_bf16_parameters_keep_fp32_momentum_through_state_dict():
     model = nn.Linear(8, 4).to(torch.bfloat16)
-    opt = FlexDeMo(model.parameters(), lr=0.1)
+    opt = step_wise(model.parameters(), lr=0.1)
     model(torch.randn(3, 8, dtype=torch.bfloat16)).float().sum().backward()
     opt.step()
     saved = {k: v["delta"].clone() for k, v in opt.state_dict()["state"].items()}
-    fresh = FlexDeMo(model.parameters(), lr=0.1)
+    fresh = step_wise(model.parameters(), lr=0.1)
     fresh.load_state_dict(opt.state_dict())
     for index, p in enumerate(model.parameters()):
         assert fresh.state[p]["delta"].dtype == torch.float32
@@ -119,7 +127,7 @@ def test_bf16_parameters_keep_fp32_momentum_through_state_dict():
 
 def test_single_node_has_no_traffic_and_none_replicator_needs_one_node():
     model = nn.Linear(8, 4)
-    opt = FlexDeMo(model.parameters(), lr=0.1, replicator="none")
+    opt = step_wise(model.parameters(), lr=0.1, replicator="none")
     model(torch.randn(3, 8)).sum().backward()
     before = model.weight.detach().clone()
     opt.step()
@@ -136,7 +144,7 @@ def test_delayed_application_is_the_synchronous_update_one_step_late(update, mom
 
     def trained(overlap: str, steps: int) -> torch.Tensor:
         weight = nn.Parameter(torch.zeros(16, 24))
-        opt = FlexDeMo([weight], lr=1e-2, replicator="none", update=update, momentum=momentum, overlap=overlap,
+        opt = step_wise([weight], lr=1e-2, replicator="none", update=update, momentum=momentum, overlap=overlap,
                        drift_check_every=0)
         for _ in range(steps):
             weight.grad = gradient.clone()
@@ -159,7 +167,7 @@ def test_without_compression_is_adamw(momentum, update, beta1, state, transform)
     ``update="rmsprop"`` on DeMo's momentum is torch's AdamW with ``beta1 = 0``."""
     gradients = torch.randn(12, 16, 24, generator=torch.Generator().manual_seed(0))
     ours, reference = nn.Parameter(torch.ones(16, 24)), nn.Parameter(torch.ones(16, 24))
-    opt = FlexDeMo([ours], lr=1e-2, weight_decay=0.1, momentum=momentum, update=update, replicator="none",
+    opt = step_wise([ours], lr=1e-2, weight_decay=0.1, momentum=momentum, update=update, replicator="none",
                    compression_rate=1.0, compression_chunk=8, compression_transform=transform, value_dtype="float32",
                    drift_check_every=0)
     adamw = torch.optim.AdamW([reference], lr=1e-2, weight_decay=0.1, betas=(beta1, 0.999))
@@ -176,7 +184,7 @@ def test_without_a_transform_top_k_keeps_each_blocks_largest_values():
     momentum values, exactly, and error feedback keeps the rest."""
     gradient = torch.randn(16, 24, generator=torch.Generator().manual_seed(0))
     weight = nn.Parameter(torch.zeros(16, 24))
-    opt = FlexDeMo([weight], lr=1.0, momentum="lr", update="sgd", replicator="none", compression_transform="none",
+    opt = step_wise([weight], lr=1.0, momentum="lr", update="sgd", replicator="none", compression_transform="none",
                    compression_topk=5, compression_chunk=8, compression_decay=0.0, value_dtype="float32",
                    drift_check_every=0)
     weight.grad = gradient.clone()
@@ -198,7 +206,7 @@ def test_gradient_moments_skip_and_resume_exactly(momentum, overlap):
     gradients[2, 3, 4] = float("nan")
 
     def optimizer(weight: nn.Parameter) -> FlexDeMo:
-        return FlexDeMo([weight], lr=1e-2, momentum=momentum, update="sgd" if momentum == "adam" else "rmsprop",
+        return step_wise([weight], lr=1e-2, momentum=momentum, update="sgd" if momentum == "adam" else "rmsprop",
                         replicator="none", overlap=overlap, drift_check_every=0)
 
     def run(opt: FlexDeMo, weight: nn.Parameter, steps: range) -> None:

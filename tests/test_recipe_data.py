@@ -89,7 +89,7 @@ ARTICLES = [
 def test_builtin_job_defaults() -> None:
     model_args, data_args, training_args, flexdemo = parse("translation")
     assert data_args.uses_number_words and flexdemo.method == "flexdemo"
-    assert (training_args.max_steps, training_args.learning_rate) == (600, 1e-3)  # the default rule: AdamW's units
+    assert (training_args.max_steps, training_args.learning_rate) == (600, 3e-3)  # local steps: AdamW's own lr
     assert training_args.do_train and training_args.do_eval and training_args.predict_with_generate
     assert training_args.output_dir == "outputs/t5_translation"
     assert training_args.average_tokens_across_devices is False
@@ -105,11 +105,14 @@ def test_user_values_win_over_recipe_defaults() -> None:
 
 
 @pytest.mark.parametrize(
-    ("argv", "lr"), [(["--method", "adamw"], 3e-3), (["--update", "rmsprop"], 1e-3), (["--momentum", "avg"], 1e-3),
-                     *((["--momentum", "lr", "--update", u], lr) for u, lr in
-                       (("sgd", 1.0), ("adamw", 1e-3), ("sign", 3e-3), ("rmsprop", 1e-3)))]
+    ("argv", "lr"), [(["--method", "adamw"], 3e-3), (["--local_steps", "8"], 3e-3),
+                     *((["--local_steps", "1", *argv], lr) for argv, lr in (
+                         ([], 1e-3), (["--update", "rmsprop"], 1e-3), (["--momentum", "avg"], 1e-3),
+                         *((["--momentum", "lr", "--update", u], lr) for u, lr in
+                           (("sgd", 1.0), ("adamw", 1e-3), ("sign", 3e-3), ("rmsprop", 1e-3)))))]
 )
 def test_builtin_learning_rate_follows_the_update_rule(argv: list[str], lr: float) -> None:
+    """Local steps and AdamW-HSDP take AdamW's lr; the step-wise rules each their own."""
     assert parse("translation", *argv)[2].learning_rate == lr
 
 
@@ -122,7 +125,8 @@ def test_user_data_keeps_the_trainer_defaults() -> None:
 
 def test_arguments_from_a_json_file(tmp_path: Path) -> None:
     config = tmp_path / "run.json"
-    config.write_text(json.dumps({"output_dir": str(tmp_path), "max_steps": 7, "momentum": "lr", "update": "sgd"}))
+    config.write_text(json.dumps({"output_dir": str(tmp_path), "max_steps": 7, "local_steps": 1, "momentum": "lr",
+                                  "update": "sgd"}))
     _, data_args, training_args, flexdemo = parse("translation", str(config))
     assert (training_args.max_steps, training_args.learning_rate, flexdemo.update) == (7, 1.0, "sgd")
     assert training_args.do_train and training_args.predict_with_generate and data_args.uses_number_words
@@ -147,7 +151,7 @@ def test_config_file_under_command_line_flags(tmp_path: Path) -> None:
 
 def test_recipe_defaults_follow_the_file_and_the_flags(tmp_path: Path) -> None:
     config = tmp_path / "run.yml"
-    config.write_text("momentum: lr\nupdate: adamw\n")
+    config.write_text("local_steps: 1\nmomentum: lr\nupdate: adamw\n")
     _, _, training_args, flexdemo = parse("translation", f"--config={config}")
     assert (flexdemo.update, training_args.learning_rate) == ("adamw", 1e-3)
     assert training_args.do_train and training_args.do_eval

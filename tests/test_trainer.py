@@ -27,7 +27,7 @@ def test_fp16_is_refused_before_anything_is_built(tmp_path):
 
 
 def test_overlap_in_backward_refuses_gradient_clipping_it_would_skip(tmp_path):
-    config = FlexDeMoConfig(overlap="backward")
+    config = FlexDeMoConfig(overlap="backward", local_steps=1)
     with pytest.raises(ValueError, match=r"max_grad_norm=1.0 with overlap='backward'.*Accepted: max_grad_norm=0"):
         FlexDeMoTrainer(model=tiny_t5(), args=_args(tmp_path), flexdemo_config=config)
     FlexDeMoTrainer(model=tiny_t5(), args=_args(tmp_path, max_grad_norm=0.0), flexdemo_config=config)
@@ -174,11 +174,12 @@ def test_compression_ratio_is_against_a_bf16_all_reduce_and_fp32_is_logged_too()
 def test_the_model_card_names_the_mode():
     from hf_flexdemo.trainer import training_mode
 
-    assert training_mode(FlexDeMoConfig()) == "compressed momentum exchange every step"
+    assert training_mode(FlexDeMoConfig(local_steps=1)) == "compressed momentum exchange every step"
     assert training_mode(FlexDeMoConfig(method="adamw")) == "adamw"
-    assert training_mode(FlexDeMoConfig(local_steps=4, value_dtype="int2")) == (
+    assert training_mode(FlexDeMoConfig(overlap="none")) == (
         "local steps: 4 AdamW steps per node, then a compressed pseudo-gradient exchange (plain averaging with "
         "error feedback, outer lr 1)")
+    assert training_mode(FlexDeMoConfig()).endswith("outer lr 1, streamed: it lands 1 inner step(s) after it starts)")
     assert "Nesterov outer momentum 0.9" in training_mode(FlexDeMoConfig(local_steps=8, outer_momentum=0.9))
     assert "lands 2 inner step(s) after" in training_mode(FlexDeMoConfig(local_steps=8, overlap="delayed",
                                                                           outer_delay=2))

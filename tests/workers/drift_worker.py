@@ -8,6 +8,7 @@ parameters just before each check, and the collectives, host syncs and bytes of 
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 from pathlib import Path
 from unittest import mock
@@ -22,13 +23,17 @@ from hf_flexdemo import FlexDeMo, build_hybrid_mesh, guards, shard_model
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from replica_drift_worker import unlike_inverse_dct  # noqa: E402
 
+# FlexDeMo in its step-wise mode (an exchange every step), which these tests pin; a local_steps= argument
+# overrides it.
+step_wise = functools.partial(FlexDeMo, local_steps=1)
+
 LR, EVERY = 3e-3, 20
 
 
 def _optimizer(on_drift: str, every: int) -> tuple[torch.nn.Module, FlexDeMo]:
     mesh = build_hybrid_mesh(shard_size=2)
     model = shard_model(mlp(), mesh)
-    return model, FlexDeMo(model.named_parameters(), lr=LR, replicate_group=mesh["dp_replicate"].get_group(),
+    return model, step_wise(model.named_parameters(), lr=LR, replicate_group=mesh["dp_replicate"].get_group(),
                            drift_check_every=every, on_drift=on_drift)
 
 

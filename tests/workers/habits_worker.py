@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +22,10 @@ from torch.distributed.tensor import DTensor
 
 from hf_flexdemo import FlexDeMo, build_hybrid_mesh, shard_model
 from hf_flexdemo.mesh import init_process_group
+
+# FlexDeMo in its step-wise mode (an exchange every step), which these tests pin; a local_steps= argument
+# overrides it.
+step_wise = functools.partial(FlexDeMo, local_steps=1)
 
 COLLECTIVES = ("all_reduce", "all_gather_single", "all_gather_into_tensor", "all_gather", "broadcast",
                "all_gather_object", "reduce_scatter_tensor", "barrier", "all_to_all_single", "send", "recv")
@@ -113,7 +118,7 @@ def sharded(shard_size: int = 2) -> tuple[nn.Module, dist.ProcessGroup]:
 def case_habits(args) -> dict:
     """Steady-state steps (after the step-0 drift check): collectives per group, host syncs."""
     model, group = sharded()
-    opt = FlexDeMo(model.parameters(), lr=1e-3, replicate_group=group, replicator=args.replicator,
+    opt = step_wise(model.parameters(), lr=1e-3, replicate_group=group, replicator=args.replicator,
                    update=args.update, drift_check_every=100)
     train(model, opt, range(2))
     logs: list = []
@@ -125,7 +130,7 @@ def case_bytes(args) -> dict:
     """Traffic counters of one step, with the local shard shapes they follow from."""
     shard_size = {"2x2": 2, "1x4": 1}[args.topology]
     model, group = sharded(shard_size)
-    opt = FlexDeMo(model.parameters(), lr=1e-3, replicate_group=group, replicator=args.replicator,
+    opt = step_wise(model.parameters(), lr=1e-3, replicate_group=group, replicator=args.replicator,
                    compression_rate=0.25, compression_chunk=8)
     train(model, opt, range(2))
     shapes = [tuple((p.to_local() if isinstance(p, DTensor) else p).shape) for p in model.parameters()]
@@ -144,15 +149,15 @@ def case_resume_drift(args) -> dict:
         return fired
 
     model, group = sharded()
-    straight = FlexDeMo(model.parameters(), replicate_group=group, **kwargs)
+    straight = step_wise(model.parameters(), replicate_group=group, **kwargs)
     straight_checks = checked_steps(straight)
     train(model, straight, range(8))
     expected = {n: full(p) for n, p in model.named_parameters()}
 
     model, group = sharded()
-    first = FlexDeMo(model.parameters(), replicate_group=group, **kwargs)
+    first = step_wise(model.parameters(), replicate_group=group, **kwargs)
     train(model, first, range(5))
-    resumed = FlexDeMo(model.parameters(), replicate_group=group, lr=1.0, drift_check_every=1000)
+    resumed = step_wise(model.parameters(), replicate_group=group, lr=1.0, drift_check_every=1000)
     resumed.load_state_dict(through_bytes(first.state_dict()))
     resumed_checks = checked_steps(resumed)
     train(model, resumed, range(5, 8))
@@ -166,7 +171,7 @@ def case_empty_rank(args) -> dict:
     mesh = build_hybrid_mesh(shard_size=2)
     torch.manual_seed(0)
     model = shard_model(nn.Sequential(nn.Linear(6, 1, bias=False)), mesh)
-    opt = FlexDeMo(model.parameters(), lr=1e-2, replicate_group=mesh["dp_replicate"].get_group(),
+    opt = step_wise(model.parameters(), lr=1e-2, replicate_group=mesh["dp_replicate"].get_group(),
                    replicator=args.replicator)
     for step in range(3):
         x = torch.randn(4, 6, generator=torch.Generator().manual_seed(step * 10 + dist.get_rank()))

@@ -35,7 +35,7 @@ def case_averaging(args) -> dict:
     shard_model(model, mesh)
     lr, wd = 0.05, 0.1
     opt = FlexDeMo(model.parameters(), lr=lr, weight_decay=wd, replicate_group=mesh["dp_replicate"].get_group(),
-                   replicator="full", local_steps=rounds, drift_check_every=1)
+                   replicator="full", local_steps=rounds, drift_check_every=1, overlap="none")
     inner = [torch.optim.AdamW(r.parameters(), lr=lr, weight_decay=wd) for r in replicas]
     for step in range(steps):
         mlp_loss(model, step, dist.get_rank()).backward()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import io
 from pathlib import Path
 
@@ -16,6 +17,10 @@ from torch.distributed.tensor import DTensor
 
 from hf_flexdemo import FlexDeMo, build_hybrid_mesh, shard_model
 from hf_flexdemo.mesh import init_process_group
+
+# FlexDeMo in its step-wise mode (an exchange every step), which these tests pin; a local_steps= argument
+# overrides it.
+step_wise = functools.partial(FlexDeMo, local_steps=1)
 
 
 def t5_batch(step: int, rank: int) -> dict[str, torch.Tensor]:
@@ -46,7 +51,7 @@ def full(t: torch.Tensor) -> torch.Tensor:
 def train_t5(steps: int, shard_size: int, **opt_kwargs):
     mesh = build_hybrid_mesh(shard_size=shard_size)
     model = shard_model(tiny_t5(), mesh)
-    opt = FlexDeMo(model.parameters(), replicate_group=mesh["dp_replicate"].get_group(), **opt_kwargs)
+    opt = step_wise(model.parameters(), replicate_group=mesh["dp_replicate"].get_group(), **opt_kwargs)
     losses = []
     for step in range(steps):
         loss = model(**t5_batch(step, dist.get_rank())).loss
@@ -91,7 +96,7 @@ def case_dense_limit(args) -> dict:
     reference = copy.deepcopy(model)
     shard_model(model, mesh)
     lr, wd = 0.05, 0.1
-    opt = FlexDeMo(model.parameters(), lr=lr, weight_decay=wd, replicate_group=mesh["dp_replicate"].get_group(),
+    opt = step_wise(model.parameters(), lr=lr, weight_decay=wd, replicate_group=mesh["dp_replicate"].get_group(),
                    compression_topk=64 * 64, compression_decay=0.0 if args.replicator == "demo" else 0.9,
                    update=args.update, replicator=args.replicator, value_dtype="float32", momentum="lr")
     dense = {"sgd": torch.optim.SGD(reference.parameters(), lr=lr, weight_decay=0.0),
@@ -136,7 +141,7 @@ def case_reference(args) -> dict:
         shard_model(model, mesh)
     lr = {"sign": 0.01, "sgd": 0.5, "adamw": 0.01}[args.update]
     topk, chunk, decay = 3, 4, 0.9
-    opt = FlexDeMo(model.parameters(), lr=lr, replicate_group=replicas.get_group(), compression_topk=topk,
+    opt = step_wise(model.parameters(), lr=lr, replicate_group=replicas.get_group(), compression_topk=topk,
                    compression_chunk=chunk, compression_decay=decay, update=args.update, value_dtype="float32",
                    momentum="lr", consensus=args.consensus)  # DeMo's momentum, as the reference computes it
     params = [local(p) for p in model.parameters()]
@@ -170,7 +175,7 @@ def case_replicator_none(args) -> dict:
     """2 x 2: ``replicator="none"`` on a replicate group of 2 must be refused at construction."""
     mesh = build_hybrid_mesh(shard_size=2)
     try:
-        FlexDeMo(mlp().parameters(), replicate_group=mesh["dp_replicate"].get_group(), replicator="none")
+        step_wise(mlp().parameters(), replicate_group=mesh["dp_replicate"].get_group(), replicator="none")
     except ValueError as exc:
         return {"error": str(exc)}
     return {"error": None}
@@ -189,7 +194,7 @@ def case_detonation(args) -> dict:
     single, _ = dist.new_subgroups(group_size=1)
     lr, topk, chunk = 1e-3, 4, 8  # the preset's 4 of each 8 x 8 block
     ours, theirs = tiny_t5(), tiny_t5()
-    opt = FlexDeMo(ours.parameters(), lr=lr, replicate_group=pair, preset="flexdemo-paper")  # DeToSGD's rule
+    opt = step_wise(ours.parameters(), lr=lr, replicate_group=pair, preset="flexdemo-paper")  # DeToSGD's rule
     reference = de_to_sgd(list(theirs.parameters()), lr=lr, replicator=demo_replicator(
         compression_topk=topk, compression_chunk=chunk), sharding_parallel_group=single,
         replication_parallel_group=pair)
@@ -224,7 +229,7 @@ def case_resume(args) -> dict:
     with torch.no_grad():
         for name, p in resumed.named_parameters():
             p.to_local().copy_(saved["model"][name])
-    opt2 = FlexDeMo(resumed.parameters(), replicate_group=mesh["dp_replicate"].get_group(), **kwargs)
+    opt2 = step_wise(resumed.parameters(), replicate_group=mesh["dp_replicate"].get_group(), **kwargs)
     opt2.load_state_dict(saved["optimizer"])
     for step in range(n, 2 * n):
         resumed(**t5_batch(step, rank)).loss.backward()
@@ -239,7 +244,7 @@ def case_drift(args) -> dict:
     """2 x 2: perturb one parameter on node 1; the next check must catch it (raise) or repair it (resync)."""
     mesh = build_hybrid_mesh(shard_size=2)
     model = shard_model(tiny_t5(), mesh)
-    opt = FlexDeMo(model.named_parameters(), lr=1e-3, replicate_group=mesh["dp_replicate"].get_group(),
+    opt = step_wise(model.named_parameters(), lr=1e-3, replicate_group=mesh["dp_replicate"].get_group(),
                    compression_topk=2, compression_chunk=8, drift_check_every=2, on_drift=args.action)
     error, step = train_perturbed(model, opt, lambda step, rank: model(**t5_batch(step, rank)).loss, 1e-3)
     return {"error": error, "step": step, "params": {n: full(p) for n, p in model.named_parameters()}}
@@ -267,7 +272,7 @@ def case_nonfinite(args) -> dict:
     """2 x 2: rank 1 gets a NaN gradient at step 2; every rank must skip that step, or every rank raise."""
     mesh = build_hybrid_mesh(shard_size=2)
     model = shard_model(tiny_t5(), mesh)
-    opt = FlexDeMo(model.parameters(), lr=1e-3, replicate_group=mesh["dp_replicate"].get_group(),
+    opt = step_wise(model.parameters(), lr=1e-3, replicate_group=mesh["dp_replicate"].get_group(),
                    compression_topk=2, compression_chunk=8, on_nonfinite=args.action)
     rank, error, before = dist.get_rank(), None, None
     for step in range(4):

@@ -6,6 +6,8 @@ and without overlap, the collectives issued during backward and during step(), t
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.distributed as dist
 from habits_worker import batch, full, main, observed, sharded, through_bytes
@@ -13,6 +15,10 @@ from torch import nn
 
 from hf_flexdemo import FlexDeMo
 from hf_flexdemo.replicators import exchange_bytes
+
+# FlexDeMo in its step-wise mode (an exchange every step), which these tests pin; a local_steps= argument
+# overrides it.
+step_wise = functools.partial(FlexDeMo, local_steps=1)
 
 SMALL_BUCKETS = 0.02  # MB: the tiny T5 falls into several exchange buckets
 
@@ -41,7 +47,7 @@ def train(model: nn.Module, opt: FlexDeMo, steps: range, micro: int = 1, sync_ev
 
 def run(overlap: str, replicator: str, steps: int = 20, micro: int = 1, **kwargs) -> tuple[dict, list, int]:
     model, group = sharded()
-    opt = FlexDeMo(model.parameters(), lr=3e-3, replicate_group=group, replicator=replicator, overlap=overlap,
+    opt = step_wise(model.parameters(), lr=3e-3, replicate_group=group, replicator=replicator, overlap=overlap,
                    bucket_cap_mb=SMALL_BUCKETS, **kwargs)
     logs: list = []
     train(model, opt, range(steps), micro=micro, logs=logs)
@@ -60,7 +66,7 @@ def case_equal(args) -> dict:
 def case_accumulate_without_no_sync(args) -> dict:
     """Gradients reduced on every micro-batch: overlap="backward" must refuse, naming the fix."""
     model, group = sharded()
-    opt = FlexDeMo(model.parameters(), lr=3e-3, replicate_group=group, overlap="backward")
+    opt = step_wise(model.parameters(), lr=3e-3, replicate_group=group, overlap="backward")
     try:
         train(model, opt, range(1), micro=2, sync_every_micro=True)
     except RuntimeError as err:
@@ -73,23 +79,23 @@ def case_delayed(args) -> dict:
     kwargs = dict(lr=3e-3, overlap="delayed", replicator=args.replicator)
     model, group = sharded()
     before = params(model)
-    straight = FlexDeMo(model.parameters(), replicate_group=group, **kwargs)
+    straight = step_wise(model.parameters(), replicate_group=group, **kwargs)
     train(model, straight, range(1))
     first_step_unchanged = all(torch.equal(before[n], v) for n, v in params(model).items())
     train(model, straight, range(1, 8))
     expected = params(model)
 
     model, group = sharded()
-    first = FlexDeMo(model.parameters(), replicate_group=group, **kwargs)
+    first = step_wise(model.parameters(), replicate_group=group, **kwargs)
     train(model, first, range(5))
     saved = through_bytes(first.state_dict())
-    resumed = FlexDeMo(model.parameters(), replicate_group=group, lr=1.0)
+    resumed = step_wise(model.parameters(), replicate_group=group, lr=1.0)
     resumed.load_state_dict(saved)
     train(model, resumed, range(5, 8))
     got = params(model)
 
     model, group = sharded()
-    synchronous = FlexDeMo(model.parameters(), replicate_group=group, **{**kwargs, "overlap": "none"})
+    synchronous = step_wise(model.parameters(), replicate_group=group, **{**kwargs, "overlap": "none"})
     train(model, synchronous, range(8))
     return {"first_step_unchanged": first_step_unchanged,
             "resumed_equal": all(torch.equal(expected[n], got[n]) for n in expected),
@@ -101,7 +107,7 @@ def case_delayed(args) -> dict:
 def case_budget_bytes(args) -> dict:
     budget = int(args.budget)
     model, group = sharded()
-    opt = FlexDeMo(model.parameters(), lr=3e-3, replicate_group=group, replicator=args.replicator,
+    opt = step_wise(model.parameters(), lr=3e-3, replicate_group=group, replicator=args.replicator,
                    budget_bytes=budget, compression_chunk=8, value_dtype="bfloat16",  # the budgets' calibration
                    drift_check_every=0)  # the exchange's bytes alone
     logs: list = []
@@ -114,7 +120,7 @@ def case_budget_bytes(args) -> dict:
 
 def case_budget_fraction(args) -> dict:
     model, group = sharded()
-    opt = FlexDeMo(model.parameters(), lr=3e-3, replicate_group=group, replicator=args.replicator,
+    opt = step_wise(model.parameters(), lr=3e-3, replicate_group=group, replicator=args.replicator,
                    budget_fraction=float(args.fraction), budget_min_rate=1 / 64, budget_max_rate=1 / 4)
     rates = []
     logs: list = []
