@@ -201,10 +201,10 @@ def _method_description(config: FlexDeMoConfig) -> str:
         return "adamw (torch AdamW, dense gradient all-reduce)"
     kept = (f"top-{config.compression_topk}" if config.compression_topk is not None
             else f"rate {config.compression_rate or DEFAULT_RATE:g}")
-    return (
-        f"{config.method} (update {config.update}, replicator {config.replicator}, "
-        f"{kept} of {config.compression_chunk}-blocks)"
-    )
+    rule = (f"{config.local_steps} local AdamW steps per exchange" if config.local_steps > 1
+            else f"update {config.update}")  # local steps: the inner AdamW takes no update rule
+    return (f"{config.method} ({rule}, replicator {config.replicator}, {kept} of {config.compression_chunk}-blocks "
+            f"in {config.value_dtype})")
 
 
 def run_summary(
