@@ -8,6 +8,11 @@ R = 2 ... 64 nodes, and the R at which the all-gather stops paying off against A
 (``FlexDeMoConfig(method="adamw", reduce_dtype="bfloat16")``) and in fp32 (FSDP2's default).
 
     python benchmarks/replicator_bytes.py       # T5-small shape, shard size 8, package defaults: ~5 s on 2 cores
+    python benchmarks/replicator_bytes.py --local_steps 1 --out benchmarks/results/replicator_bytes_step_wise.json
+
+Local steps: FlexDeMo exchanges once every ``--local_steps`` H steps (the package default), so its bytes per step
+are an exchange's divided by H (amortised; AdamW-HSDP reduces every step), and ``value_dtype="auto"`` resolves
+as the optimizer resolves it (int2 for demo with local steps, float8 step-wise).
 
 Model: the published T5-small shape (``hf_flexdemo.tiny_t5.named_t5_config("t5-small", T5_VOCAB_SIZE)``,
 60.5 M parameters, tied embeddings counted once), built on the meta device. FSDP2 shards dim 0 of every
@@ -28,8 +33,9 @@ sums run over the rank's non-empty local shards; ``//`` is integer division as i
   ``k = compression.kept_per_block(block_numel, rate, None)``,
   ``position_bytes = min(ceil(block_numel / 8), k * index_bytes)`` (a bitmask of the block when smaller than the
   indices; ``index_bytes = compression.index_dtype(block_numel).itemsize``: 1 up to 16 x 16 blocks, then 2),
-  ``value_bytes`` = 1 with the default ``value_dtype="auto"`` (float8 for demo), which adds a 2-byte
-  ``scale_bytes`` per block; 2 with ``"bfloat16"``, 4 with ``"float32"``: ``compression.block_payload_bytes``.
+  ``value_bytes`` = 1/4 with int2 (the default ``value_dtype="auto"`` with local steps), 1/2 with int4, 1 with
+  float8 (auto step-wise), each with a 2-byte ``scale_bytes`` per block; 2 with ``"bfloat16"``, 4 with
+  ``"float32"``: ``compression.block_payload_bytes``; per step, these bytes divided by H.
 * ``random`` -- one all-reduce of the values only (positions come from a shared seed), plus the flag as
   one more value::
 
@@ -131,7 +137,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
               "demo / random"]
     ratios = ("dense_bf16_over_demo", "dense_over_demo", "dense_bf16_over_random", "demo_over_random")
     return harness.markdown_table(header, [
-        [row["replicas"], *(f"{row['bytes'][m]:,}" for m in (*REPLICATORS, "adamw_bf16")),
+        [row["replicas"], *(f"{row['bytes'][m]:,.0f}" for m in (*REPLICATORS, "adamw_bf16")),
          *(f"{row[k]:.2f}" for k in ratios)] for row in rows])
 
 
@@ -144,22 +150,27 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=DEFAULT_RATE, help="compression_rate (package default)")
     parser.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, help="compression_chunk (package default)")
     parser.add_argument("--value_dtype", default="auto", choices=("auto", *VALUE_DTYPES),
-                        help="wire type of the values (auto, the package default: float8 for demo, bfloat16 for "
-                             "random, whose all-reduce adds values)")
+                        help="wire type of the values (auto, the package default: for demo int2 with local steps, "
+                             "float8 step-wise; bfloat16 for random, whose all-reduce adds values)")
+    parser.add_argument("--local_steps", type=int, default=knobs.DEFAULTS["local_steps"],
+                        help="H: FlexDeMo exchanges every H steps (package default); 1: the step-wise mode")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "replicator_bytes.json")
     harness.add_provenance_flags(parser)
     args = parser.parse_args()
-    if args.shard_size < 1 or min(args.nodes) < 1 or not 0 < args.rate <= 1 or args.chunk < 1:
-        parser.error("--shard_size, --nodes and --chunk must be >= 1 and --rate in (0, 1]")
+    if args.shard_size < 1 or min(args.nodes) < 1 or not 0 < args.rate <= 1 or args.chunk < 1 or args.local_steps < 1:
+        parser.error("--shard_size, --nodes, --chunk and --local_steps must be >= 1 and --rate in (0, 1]")
     bench = harness.Run.start(args.out, args.allow_dirty)
     named_shapes, parameters = local_shard_shapes(args.config_name, args.shard_size)
     shapes = [shape for _, shape in named_shapes]
     nodes = sorted(set(args.nodes))
-    demo_dtype = knobs.resolve_value_dtype(args.value_dtype, "demo")
-    random_dtype = knobs.resolve_value_dtype("auto" if args.value_dtype == "float8" else args.value_dtype,
-                                                   "random")  # an all-reduce adds values: float8 cannot travel
+    steps = args.local_steps
+    demo_dtype = knobs.resolve_value_dtype(args.value_dtype, "demo", steps)
+    random_dtype = knobs.resolve_value_dtype(  # an all-reduce adds values: scaled types cannot travel
+        "auto" if args.value_dtype in knobs.SCALED_VALUE_DTYPES else args.value_dtype, "random", steps)
+    # per step: FlexDeMo's exchange once in H steps (amortised), AdamW-HSDP's all-reduce every step
     table = {r: {m: bytes_per_rank(m, shapes, r, args.rate, args.chunk,
-                                   random_dtype if m == "random" else demo_dtype) for m in REPLICATORS}
+                                   random_dtype if m == "random" else demo_dtype) / (1 if m == "adamw" else steps)
+                 for m in REPLICATORS}
              for r in nodes}
     numel = sum(torch.Size(s).numel() for s in shapes)
     for r in nodes:  # AdamW-HSDP reducing in bf16 (reduce_dtype="bfloat16"): the same all-reduce, 2-byte elements
@@ -178,18 +189,19 @@ def main() -> None:
     kept = kept_coefficients(shapes, args.rate, args.chunk)
     coefficients = sum(blocks * k for blocks, k, _ in kept)
     payload = bytes_per_rank("demo", shapes, 2, args.rate, args.chunk, demo_dtype)
-    # demo = (R-1) P and dense = 8 n (R-1)/R in fp32 (4 n (R-1)/R in bf16), so demo >= dense exactly when
-    # R >= 8 n / P (R >= 4 n / P).
-    crossover_exact, bf16_crossover_exact = 8 * numel / payload, 4 * numel / payload
+    # demo = (R-1) P / H per step and dense = 8 n (R-1)/R in fp32 (4 n (R-1)/R in bf16), so demo >= dense exactly
+    # when R >= 8 n H / P (R >= 4 n H / P).
+    crossover_exact, bf16_crossover_exact = 8 * numel * steps / payload, 4 * numel * steps / payload
     dense_cross = first_at_least(grid, per_r["demo"], per_r["adamw"])
     bf16_cross = first_at_least(grid, per_r["demo"], per_r["adamw_bf16"])
     random_cross = first_at_least(grid, per_r["demo"], per_r["random"])
     text = markdown(rows)
     summary = (
-        f"demo's all-gather sends (R-1) x {payload:,} B per rank, AdamW-HSDP's dense all-reduce (R-1)/R x 4 x "
-        f"{numel:,} B in bf16 (reduce_dtype='bfloat16'), twice that in fp32: demo >= dense bf16 for R >= 4 n / "
-        f"payload = {bf16_crossover_exact:.2f} (on this grid from R = {bf16_cross}), demo >= dense fp32 for R >= "
-        f"8 n / payload = {crossover_exact:.2f} (from R = {dense_cross}); demo >= random for every R >= "
+        f"demo's all-gather sends (R-1) x {payload:,} B per rank every {steps} step(s), AdamW-HSDP's dense "
+        f"all-reduce (R-1)/R x 4 x {numel:,} B every step in bf16 (reduce_dtype='bfloat16'), twice that in fp32: "
+        f"demo >= dense bf16 for R >= 4 n H / payload = {bf16_crossover_exact:.2f} (on this grid from R = "
+        f"{bf16_cross}), demo >= dense fp32 for R >= 8 n H / payload = {crossover_exact:.2f} (from R = "
+        f"{dense_cross}); demo >= random for every R >= "
         f"{random_cross} on this grid (random's all-reduce stays "
         f"below 2 x {(coefficients + 1) * VALUE_DTYPES[random_dtype].itemsize:,} B at any R)."
     )
@@ -197,9 +209,10 @@ def main() -> None:
         "settings": {
             "config_name": args.config_name, "vocab_size": T5_VOCAB_SIZE, "shard_size": args.shard_size,
             "nodes": nodes, "compression_rate": args.rate, "compression_chunk": args.chunk,
-            "value_dtype": args.value_dtype, "shard_of": "rank 0 (torch.chunk on dim 0, the largest shard)",
+            "value_dtype": args.value_dtype, "resolved_value_dtypes": {"demo": demo_dtype, "random": random_dtype},
+            "local_steps": steps, "shard_of": "rank 0 (torch.chunk on dim 0, the largest shard)",
         },
-        "formulas": {
+        "formulas": {  # FlexDeMo's per exchange; per step divided by local_steps
             "demo": "(R-1) * (sum_params blocks*(min(ceil(block_numel/8), k*index_bytes)+k*value_bytes+scale_bytes)+1)",
             "random": "2*(R-1)*(sum_params blocks*k + 1)*value_bytes // R",
             "full": "2*(R-1)*(numel+1)*4 // R",
@@ -229,7 +242,8 @@ def main() -> None:
     })
     print(f"{args.config_name} ({parameters:,} parameters), shard size {args.shard_size}: rank 0's shard holds "
           f"{numel:,} elements, {coefficients:,} kept coefficients (density {coefficients / numel:.4g}, "
-          f"rate {args.rate:g}, chunk {args.chunk}). Bytes per rank per optimizer step:\n")
+          f"rate {args.rate:g}, chunk {args.chunk}). Bytes per rank per optimizer step (FlexDeMo: an exchange every "
+          f"{steps} step(s), amortised):\n")
     print(text)
     print(f"\n{summary}")
     print(f"[replicator_bytes] wrote {args.out} in {report['duration_seconds']:.1f} s")
