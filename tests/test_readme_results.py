@@ -18,19 +18,23 @@ def result(name: str) -> dict:
     return json.loads((RESULTS / f"{name}.json").read_text())
 
 
-def test_the_bytes_table_is_the_json_table():
-    data = result("replicator_bytes")
-    assert data["table"].strip() in README
-    crossover = data["crossover"]
-    assert f"`4 n / payload` = {crossover['demo_ge_dense_bf16_from_R_exact']:.2f}" in README
+@pytest.mark.parametrize("name", ["replicator_bytes", "replicator_bytes_step_wise"])
+def test_the_bytes_crossovers_are_the_json(name):
+    """The defaults' table is pasted; both crossovers (bf16, fp32) of the defaults and of the step-wise mode."""
+    data = result(name)
+    if name == "replicator_bytes":
+        assert data["table"].strip() in README
+    crossover, steps = data["crossover"], data["settings"]["local_steps"]
+    assert f"`4 n H / payload` = {crossover['demo_ge_dense_bf16_from_R_exact']:.2f} with H = {steps}" in README
     assert f"R ≈ {crossover['demo_ge_dense_from_R_exact']:.1f}" in README
 
 
-def test_the_quick_convergence_table_is_the_json():
-    data = result("convergence_quick")
+@pytest.mark.parametrize("name", ["convergence_quick", "convergence_long"])
+def test_the_convergence_tables_are_the_json(name):
+    data = result(name)
     methods, gaps = data["methods"], data["final_eval_loss_gap_vs_adamw_pct"]
     adamw_bytes = methods["adamw"]["bytes_sent"]["per_step"]
-    for name in ("flexdemo", "demo"):
+    for name in ("flexdemo", "step_wise", "demo"):
         run = methods[name]
         per_step = run["bytes_sent"]["per_step"]
         figures = (f"{run['final_eval_loss']:.3f}", f"{gaps[name]:+.2f} %", f"{run['bleu']:.2f}", f"{run['chrf']:.2f}",
@@ -144,7 +148,8 @@ def test_the_streamed_time_to_target_figures_are_the_json():
 
 
 @pytest.mark.parametrize("name", ["time_to_target_streaming", "elastic_resume", "replica_drift",
-                                  "replicator_bytes", "convergence_quick", "time_to_target_quick", "sweep_local",
+                                  "replicator_bytes", "replicator_bytes_step_wise", "convergence_quick",
+                                  "convergence_long", "time_to_target_quick", "sweep_local",
                                   "time_to_target_local", "optimizer_step", "selection", "convergence_quick_xeon",
                                   "sweep_local_long"])
 def test_quoted_results_record_a_clean_commit_taken_at_start(name):
