@@ -1,6 +1,9 @@
 """FlexDeMo: decoupled-momentum optimisation across nodes, on top of FSDP2 shards.
 
-Per step and per parameter shard (``g`` already averaged over the node by FSDP):
+By default (``local_steps=4``) every node takes local AdamW steps and exchanges the pseudo-gradient once a
+round, streamed (:mod:`hf_flexdemo.local_steps`, which reuses this module's exchange). With ``local_steps=1``
+(``preset="step-wise"``) the exchange runs every step; per step and per parameter shard (``g`` already
+averaged over the node by FSDP):
 
 1. momentum ``delta <- beta * delta + lr * g`` (``momentum="lr"``, DeMo) or ``+ (1 - beta) * g`` (``"ema"``),
    or ``+`` AdamW's first moment ``m`` of this replica's ``g`` (``"avg"``) or its direction ``m / (sqrt(v) + eps)``
@@ -94,8 +97,8 @@ class FlexDeMo(Optimizer):
         replicate_group: process group of the replicas to exchange with; ``None`` for a single node.
         shard_group: the ranks of this node (FSDP's group), over which the non-finite flag is OR-ed;
             default: the 1-D device mesh of the ``DTensor`` parameters, ``None`` for plain tensors.
-        preset: a named set of knob values (:data:`hf_flexdemo.knobs.PRESETS`: ``"flexdemo-paper"``,
-            ``"demo-paper"``) for the knobs left at their default.
+        preset: a named set of knob values (:data:`hf_flexdemo.knobs.PRESETS`: ``"step-wise"``,
+            ``"flexdemo-paper"``, ``"demo-paper"``) for the knobs left at their default.
         lr, and every keyword after ``shard_group``: the knobs, each explained in :data:`hf_flexdemo.knobs.HELP`
             (the same text as ``FlexDeMoConfig``'s ``--help``), defaults in :data:`hf_flexdemo.knobs.DEFAULTS`.
     """
