@@ -53,7 +53,8 @@ NPROC, SHARD_SIZE = 4, 2  # 2 nodes x 2 processes
 GAP_TARGET_PCT = 2.0  # issue #9: FlexDeMo's final validation loss within 2 % of AdamW's
 BYTES_RATIO_TARGET = 8.0  # ... with at least 8x fewer inter-node bytes per step
 # The learning rates benchmarks/sweep.py measured best on this data (results/sweep_density.json: 3e-3 against
-# 1e-3 and 1e-2 for FlexDeMo's default rule; AdamW's own sweep of the first release also chose 3e-3).
+# 1e-3 and 1e-2 for FlexDeMo's step-wise rule; AdamW's own sweep of the first release also chose 3e-3, which local
+# steps' inner AdamW takes too: results/sweep_local.json).
 DEFAULT_LRS = {method: 3e-3 for method in METHODS}  # local steps: AdamW's own (sweep_local.json)
 SWEEP_LRS = {method: (1e-3, 3e-3, 1e-2) for method in METHODS}
 PRESETS: dict[str, dict[str, Any]] = {
@@ -250,7 +251,8 @@ def learning_rates(args: argparse.Namespace) -> tuple[dict[str, float], dict[str
                   if k not in ("methods", "bleu_samples") and settings(args).get(k) != v}
         if differ:
             swept_by += f"; swept with other settings: {differ}"
-    default = "built-in DEFAULT_LRS (benchmarks/sweep.py density: results/sweep_density.json)"
+    default = ("built-in DEFAULT_LRS (benchmarks/sweep.py local: results/sweep_local.json for local steps; "
+               "sweep.py density: results/sweep_density.json for the step-wise rules)")
     lrs, sources = {}, {}
     for method in args.methods:
         for source, table in (("command line (--lrs)", dict(args.lrs)), (swept_by, swept), (default, DEFAULT_LRS)):
