@@ -125,7 +125,7 @@ def gather(coefficients: Tensor, layout: BlockLayout, indices: Tensor) -> tuple[
     """``(positions, values)``: flat positions in ``coefficients`` of in-block ``indices``, and the
     coefficients there, ``(N, k)`` like ``indices``."""
     positions = layout.flat_positions(coefficients.shape[0], indices).view(-1)
-    return positions, coefficients.reshape(-1)[positions].view(indices.shape)
+    return positions, coefficients.reshape(-1).index_select(0, positions).view(indices.shape)
 
 
 def encode_positions(indices: Tensor, block_numel: int) -> tuple[Tensor, Tensor]:
@@ -141,15 +141,18 @@ def encode_positions(indices: Tensor, block_numel: int) -> tuple[Tensor, Tensor]
     if not uses_bitmask(block_numel, k):
         return indices.to(index_dtype(block_numel)), indices
     width = _bitmask_bytes(block_numel)
-    mask = torch.zeros(count, width * 8, dtype=torch.bool, device=indices.device).scatter_(1, indices, True)
-    place = mask.cumsum(1, dtype=torch.int16 if width * 8 < 2**15 else torch.int32).gather(1, indices).long() - 1
+    mask = torch.zeros(count, width * 8, dtype=torch.bool, device=indices.device)
+    true = torch.ones((), dtype=torch.bool, device=indices.device).expand_as(indices)
+    mask.scatter_(1, indices, true)  # a tensor source: on CPU about twice as fast as scattering the value True
+    place = mask.cumsum(1, dtype=torch.int16 if width * 8 < 2**15 else torch.int32).gather(1, indices).sub_(1).long()
     ascending = torch.empty_like(indices).scatter_(1, place, indices)
     return quantize.pack(mask.view(torch.uint8), 1), ascending
 
 
 def decode_mask(packed: Tensor, block_numel: int) -> Tensor:
-    """The ``(..., block_numel)`` bool mask of a bitmask from :func:`encode_positions`."""
-    return quantize.unpack(packed, 1)[..., :block_numel].bool()
+    """The ``(..., block_numel)`` bool mask of a bitmask from :func:`encode_positions` (the unpacked bits are 0 or 1,
+    so they are viewed as bool rather than copied)."""
+    return quantize.unpack(packed, 1)[..., :block_numel].view(torch.bool)
 
 
 def encode_values(values: Tensor, value_dtype: str) -> list[Tensor]:
@@ -213,45 +216,62 @@ def scatter_mean(
 
 def scatter_masked(
     bitmasks: Tensor, pieces: list[Tensor], layout: BlockLayout, out: Tensor, scratch: Tensor, counts: Tensor | None,
-    consensus: Consensus = "choosers",
+    consensus: Consensus = "choosers", own: tuple[int, Tensor] | None = None,
 ) -> Tensor:
     """:func:`scatter_mean` for positions that travel as bitmasks: ``bitmasks`` ``(R, N, ceil(block_numel / 8))``
     and the :func:`encode_values` pieces with a leading ``R``, each block's values in ascending in-block order.
 
-    A replica's mask and values are decoded when it is added, so beyond the payload the memory is ``out``,
-    ``scratch`` (``out``'s size: the second and later replicas' coefficients), ``counts`` (as in
-    :func:`scatter_mean`) and one replica's mask and values. Rows are added in order, as there.
+    ``own``: ``(row, positions)``, this replica's row and its flat positions in wire order (:func:`gather`'s): that
+    row is added by index, skipping the bitmask decode and ``masked_scatter_`` (the costliest part of a decode on
+    CPU). A replica's mask and values are decoded when it is added, so beyond the payload the memory is ``out``,
+    ``scratch`` (``out``'s size: each bitmask row after the first), ``counts`` (as in
+    :func:`scatter_mean`) and one replica's mask and values.
+
+    Rows are summed in order with one freedom: the first two in either order (``a + b == b + a`` exactly), so
+    the first bitmask row goes straight into ``out``. A position a row does not choose adds ``+0``, and no sum
+    of rows holds ``-0`` (values enter as ``v + 0.0``, or are added by index to ``+0`` or to a sum), so adding a
+    row by index gives the bits of adding its dense scatter: every replica gets the same bits, whichever row is
+    its own.
     """
+    replicas, (own_row, positions) = bitmasks.shape[0], own or (-1, None)
+    order = [1, 0, *range(2, replicas)] if own_row == 0 and replicas > 1 else range(replicas)
     shape = layout.blocks(out).shape
-    chooser = layout.blocks(counts.zero_()) if counts is not None else None
-    for row in range(bitmasks.shape[0]):
-        mask = decode_mask(bitmasks[row], layout.block_numel).view(shape)
-        target = (out if row == 0 else scratch).zero_()
-        # + 0.0 turns -0 into +0, as scatter_mean's add into zeros does: both decodes give the same bits (R = 1)
-        values = decode_values([piece[row] for piece in pieces]).to(out.dtype) + 0.0
-        layout.blocks(target).masked_scatter_(mask, values)
-        if row:
+    chooser = counts.zero_() if counts is not None else None
+    for added, row in enumerate(order):
+        values = decode_values([piece[row] for piece in pieces]).to(out.dtype)
+        if row == own_row:
+            if not added:
+                out.zero_()
+            out.view(-1).index_add_(0, positions, values.view(-1))
+            if chooser is not None:
+                chooser.view(-1).index_add_(0, positions, torch.ones_like(values).view(-1))
+            continue
+        mask = decode_mask(bitmasks[row], layout.block_numel).reshape(shape)
+        target = (scratch if added else out).zero_()
+        layout.blocks(target).masked_scatter_(mask, values + 0.0)  # + 0.0: -0 becomes +0, as an add into zeros does
+        if added:
             out.add_(target)
         if chooser is not None:
-            chooser.add_(mask)
+            layout.blocks(chooser).add_(mask)
     if consensus == "replicas":
-        return out.div_(bitmasks.shape[0])
-    if bitmasks.shape[0] > 1:
+        return out.div_(replicas)
+    if replicas > 1:
         out.div_(counts.clamp_(min=1))
     return out
 
 
 def decode(
     where: Tensor, pieces: list[Tensor], layout: BlockLayout, out: Tensor, scratch: Tensor, counts: Tensor | None,
-    consensus: Consensus = "choosers",
+    consensus: Consensus = "choosers", own: tuple[int, Tensor] | None = None,
 ) -> Tensor:
     """The dense coefficients of ``R`` replicas' payloads, as they travel: ``where`` ``(R, N, ...)`` holds each
     block's positions (indices or bitmasks, as :func:`encode_positions` wrote them) and ``pieces`` the
-    :func:`encode_values` pieces with a leading ``R``. Dispatches to :func:`scatter_masked` or
-    :func:`scatter_mean`; ``scratch`` and ``counts`` are buffers of ``out``'s size (``counts`` only for
-    ``consensus="choosers"`` with ``R > 1``)."""
+    :func:`encode_values` pieces with a leading ``R``. Dispatches to :func:`scatter_masked` (with ``own``, this
+    replica's row and flat positions, if given) or :func:`scatter_mean`; ``scratch`` and ``counts`` are buffers of
+    ``out``'s size (``counts`` only for ``consensus="choosers"`` with ``R > 1``)."""
     k = quantize.count(pieces) if len(pieces) == 3 else pieces[0].shape[-1]
     if uses_bitmask(layout.block_numel, k):
-        return scatter_masked(where, pieces, layout, out=out, scratch=scratch, counts=counts, consensus=consensus)
+        return scatter_masked(where, pieces, layout, out=out, scratch=scratch, counts=counts, consensus=consensus,
+                              own=own)
     positions = torch.stack([layout.flat_positions(out.shape[0], i.long()).view(-1) for i in where])
     return scatter_mean(positions, decode_values(pieces).flatten(1), out=out, counts=counts, consensus=consensus)

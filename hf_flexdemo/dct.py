@@ -87,7 +87,8 @@ class BlockLayout:
     def flat_positions(self, count: int, indices: Tensor) -> Tensor:
         """Positions in a flattened ``(count, *shape)`` tensor of per-block flat ``indices`` ``(N, k)``."""
         corners, offsets = _position_tables(self, count, indices.device)
-        return corners + offsets[indices.long()]
+        # index_select, not offsets[indices]: advanced indexing is ~3x slower on CPU
+        return offsets.index_select(0, indices.reshape(-1).long()).view(indices.shape).add_(corners)
 
     def dct(self, x: Tensor, out: Tensor, scratch: Tensor) -> Tensor:
         """Blockwise forward DCT ``C = D1 X D2^T`` of a contiguous ``(P, *shape)`` tensor into ``out``.

@@ -15,6 +15,8 @@ pieces, the function every receiver runs, so what is sent and what is subtracted
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
@@ -40,10 +42,22 @@ def pack(codes: Tensor, bits: int) -> Tensor:
     return packed
 
 
+# The 8 // bits codes of one byte, their bytes read as one integer.
+_LANES_AS: dict[int, torch.dtype] = {1: torch.int64, 2: torch.int32, 4: torch.int16}
+
+
+@functools.lru_cache(maxsize=16)
+def _unpack_table(bits: int, device: torch.device) -> Tensor:
+    """``(256,)``: for each byte value, its ``8 // bits`` codes (uint8, the first from the low bits) as one integer."""
+    codes = (torch.arange(256).unsqueeze(1) >> torch.arange(0, 8, bits)) & (2**bits - 1)
+    return codes.to(torch.uint8).view(_LANES_AS[bits]).view(256).to(device)
+
+
 def unpack(packed: Tensor, bits: int) -> Tensor:
-    """The ``(..., 8 // bits * bytes)`` uint8 codes of :func:`pack`."""
-    shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=packed.device)
-    return (packed.unsqueeze(-1) >> shifts).bitwise_and_(2**bits - 1).flatten(-2)
+    """The ``(..., 8 // bits * bytes)`` uint8 codes of :func:`pack`: one table lookup per byte (on CPU ~4x faster
+    for bitmasks than shifting every code out)."""
+    codes = _unpack_table(bits, packed.device).index_select(0, packed.reshape(-1).int())
+    return codes.view(torch.uint8).view(*packed.shape[:-1], packed.shape[-1] * (8 // bits))
 
 
 def payload_bytes(k: int, value_dtype: str) -> int:
@@ -59,10 +73,11 @@ def encode(values: Tensor, value_dtype: str) -> list[Tensor]:
     offset, per_byte = _offset(bits), 8 // bits
     largest = values.abs().amax(dim=1, keepdim=True).float()
     scale = (largest / offset).clamp_(min=_SMALLEST_SCALE, max=_LARGEST_LEVEL / offset).to(SCALE_DTYPE)
-    codes = (values.float() / scale.float()).add_(offset).round_().clamp_(0, 2**bits - 1).to(torch.uint8)
-    padded = torch.zeros(count, -(-k // per_byte) * per_byte, dtype=torch.uint8, device=values.device)
-    padded[:, :k] = codes
-    return [pack(padded, bits), scale, values.new_empty((0, bits, k), dtype=torch.uint8)]
+    # float32 division: a bfloat16 ``values`` is promoted as it is read, without a float32 copy first
+    codes = torch.div(values, scale.float()).add_(offset).round_().clamp_(0, 2**bits - 1).to(torch.uint8)
+    if k % per_byte:
+        codes = torch.cat([codes, codes.new_zeros(count, per_byte - k % per_byte)], dim=1)
+    return [pack(codes, bits), scale, values.new_empty((0, bits, k), dtype=torch.uint8)]
 
 
 def decode(pieces: list[Tensor]) -> Tensor:

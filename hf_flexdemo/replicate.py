@@ -143,6 +143,7 @@ class ReplicateGroup:
     def __init__(self, group: dist.ProcessGroup | None) -> None:
         self.group = group
         self.size = 1 if group is None else dist.get_world_size(group)
+        self.rank = 0 if group is None else dist.get_rank(group)  # this replica's row in a gathered payload
         self.timer = _Timer()
 
     def all_gather(self, buffer: Tensor, stats: CommStats, what: str = "all-gather of the momentum payload") -> Pending:

@@ -146,6 +146,29 @@ def test_bitmask_decode_equals_the_index_decode(consensus):
     torch.testing.assert_close(dense, expected, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("consensus", ["choosers", "replicas"])
+@pytest.mark.parametrize(("replicas", "own"), [(1, 0), (2, 0), (2, 1), (3, 0), (3, 1), (3, 2)])
+def test_own_row_added_by_index_gives_the_bits_of_its_bitmask(consensus, replicas, own):
+    """A replica adds its own row from the positions it holds: the same bits as decoding its bitmask, whichever
+    row it is, with zeros of both signs among the values (a -0 must decode as the bitmask's +0)."""
+    torch.manual_seed(0)
+    layout = BlockLayout.for_shape((16, 24), 8)
+    k, count = 20, 2
+    blocks = count * layout.num_blocks
+    wire = [compression.encode_positions(torch.rand(blocks, 64).topk(k, dim=1).indices, 64) for _ in range(replicas)]
+    bitmasks = torch.stack([bitmask for bitmask, _ in wire])
+    values = torch.randn(replicas, blocks, k)
+    values[:, :, ::5], values[:, :, 1::7] = -0.0, 0.0
+    positions = layout.flat_positions(count, wire[own][1]).view(-1)
+
+    def decode(own_row: tuple[int, torch.Tensor] | None) -> torch.Tensor:
+        return compression.decode(bitmasks, [values], layout, out=torch.empty(count, 16, 24),
+                                  scratch=torch.empty(count, 16, 24), counts=torch.empty(count, 16, 24),
+                                  consensus=consensus, own=own_row)
+
+    assert torch.equal(decode((own, positions)).view(torch.int32), decode(None).view(torch.int32))
+
+
 _DECODE_64 = """
 import resource, sys, torch
 from hf_flexdemo import compression

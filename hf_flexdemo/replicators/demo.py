@@ -47,8 +47,10 @@ class DemoReplicator(BlockReplicator):
         where, *pieces = received
         replicas = pieces[0].shape[0]
         counts = workspace("counts", momentum) if self.consensus == "choosers" and replicas > 1 else None
+        # this replica's positions are known: its row needs no bitmask decode
         dense = compression.decode(where, pieces, stack.layout, out=workspace("dense", momentum),
-                                   scratch=workspace("replica", momentum), counts=counts, consensus=self.consensus)
+                                   scratch=workspace("replica", momentum), counts=counts, consensus=self.consensus,
+                                   own=(self.group.rank, stack.positions))
         return self.inverse(stack, dense, workspace)
 
     @classmethod
