@@ -45,6 +45,19 @@ def test_the_convergence_tables_are_the_json(name):
     assert f"{methods['adamw']['final_eval_loss']:.3f}" in README
 
 
+def test_the_overlap_table_is_the_json():
+    data = result("sweep_overlap")
+    adamw = data["runs"]["adamw lr=0.003"]["curve"][-1]["eval_loss"]
+    assert f"| FlexDeMo (step-wise) | final val loss | vs AdamW ({adamw:.3f}) |" in README
+    for key, overlap, lr in (("flexdemo lr=0.003 overlap=none", "none", "3e-3"),
+                             ("flexdemo lr=0.003 overlap=delayed", "delayed", "3e-3"),
+                             ("flexdemo lr=0.001 overlap=delayed", "delayed", "1e-3")):
+        loss = data["runs"][key]["curve"][-1]["eval_loss"]
+        row = f"| {loss:.3f} | {100 * (loss / adamw - 1):+.2f} % |"
+        assert any(line.startswith(f"| `overlap=\"{overlap}\"`") and f"lr {lr} |" in line and line.endswith(row)
+                   for line in README.splitlines()), key
+
+
 def test_the_time_to_target_figures_are_the_json():
     data = result("time_to_target_quick")
     assert f"the target at **{data['compute_only']['seconds']:.1f} s**" in README
@@ -149,7 +162,7 @@ def test_the_streamed_time_to_target_figures_are_the_json():
 
 @pytest.mark.parametrize("name", ["time_to_target_streaming", "elastic_resume", "replica_drift",
                                   "replicator_bytes", "replicator_bytes_step_wise", "convergence_quick",
-                                  "convergence_long", "time_to_target_quick", "sweep_local",
+                                  "convergence_long", "time_to_target_quick", "sweep_local", "sweep_overlap",
                                   "time_to_target_local", "optimizer_step", "selection", "convergence_quick_xeon",
                                   "sweep_local_long"])
 def test_quoted_results_record_a_clean_commit_taken_at_start(name):
