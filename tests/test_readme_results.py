@@ -58,6 +58,16 @@ def test_the_overlap_table_is_the_json():
                    for line in README.splitlines()), key
 
 
+def test_the_optimizer_step_table_is_the_json():
+    data = result("optimizer_step")
+    methods, adamw = data["methods"], data["methods"]["adamw"]["mean_s"]
+    for name, method in methods.items():
+        cells = f"| {method['median_s']:.3f} | {method['mean_s']:.3f} | "
+        assert cells in README, name
+        assert f"{method['mean_s'] / adamw:.2f}" in README, name
+    assert f"**{data['ratios']['flexdemo/adamw (mean)']:.2f}: missed**" in README
+
+
 def test_the_time_to_target_figures_are_the_json():
     data = result("time_to_target_quick")
     assert f"the target at **{data['compute_only']['seconds']:.1f} s**" in README
