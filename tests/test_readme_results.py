@@ -68,6 +68,24 @@ def test_the_optimizer_step_table_is_the_json():
     assert f"**{data['ratios']['flexdemo/adamw (mean)']:.2f}: missed**" in README
 
 
+@pytest.mark.parametrize("name", ["bandwidth_quick", "bandwidth_budget_overlap"])
+def test_the_bandwidth_figures_are_the_json(name):
+    """Every row of the quick run is in the table (step, its ratio to compute-only, link and reported bytes); the
+    budget-with-overlap run's 10 Mbit/s ratios in the text."""
+    data = result(name)
+    for row in data["rows"]:
+        if name == "bandwidth_quick":
+            cells = (f"| {row['step_seconds']:.3f} ({row['step_statistic']}) | {row['step_over_compute_only']:.2f} |",
+                     f"| {row['link_bytes_per_step']:.4g} | {row['reported_bytes_per_step']:.4g} |")
+            assert all(c in README for c in cells), (row["link_mbit"], row["method"])
+        elif row["link_mbit"] == 10 and row["method"].startswith("flexdemo"):
+            assert f"{row['step_over_compute_only']:.2f} ×" in README, row["method"]
+    best = {t["link_mbit"]: t["variants"]["flexdemo"]["value"] for t in data["targets"].values()
+            if "flexdemo" in t["variants"]}
+    for link, value in best.items():
+        assert f"{value:.2f}: {'met' if value <= {10.0: 1.15, 100.0: 1.05}[link] else 'missed'}" in README, link
+
+
 def test_the_time_to_target_figures_are_the_json():
     data = result("time_to_target_quick")
     assert f"the target at **{data['compute_only']['seconds']:.1f} s**" in README
@@ -173,6 +191,7 @@ def test_the_streamed_time_to_target_figures_are_the_json():
 @pytest.mark.parametrize("name", ["time_to_target_streaming", "elastic_resume", "replica_drift",
                                   "replicator_bytes", "replicator_bytes_step_wise", "convergence_quick",
                                   "convergence_long", "time_to_target_quick", "sweep_local", "sweep_overlap",
+                                  "bandwidth_quick", "bandwidth_budget_overlap",
                                   "time_to_target_local", "optimizer_step", "selection", "convergence_quick_xeon",
                                   "sweep_local_long"])
 def test_quoted_results_record_a_clean_commit_taken_at_start(name):
