@@ -86,6 +86,15 @@ def test_the_bandwidth_figures_are_the_json(name):
         assert f"{value:.2f}: {'met' if value <= {10.0: 1.15, 100.0: 1.05}[link] else 'missed'}" in README, link
 
 
+def test_the_later_landing_probes_are_the_json():
+    slow = {delay: next(r for r in result(f"bandwidth_outer_delay_{delay}")["rows"]
+                        if r["link_mbit"] == 10 and r["method"] == "flexdemo") for delay in (2, 3)}
+    assert f"τ = 2 is {slow[2]['step_over_compute_only']:.2f} × at 10 Mbit/s" in README
+    assert f"waiting, {slow[2]['exchange_wait_over_step']:.2f} of the" in README
+    assert f"τ = 3 {slow[3]['step_over_compute_only']:.2f} × with nothing waited" in README
+    assert slow[3]["exchange_wait_over_step"] < 0.01
+
+
 def test_the_time_to_target_figures_are_the_json():
     data = result("time_to_target_quick")
     assert f"the target at **{data['compute_only']['seconds']:.1f} s**" in README
@@ -191,7 +200,8 @@ def test_the_streamed_time_to_target_figures_are_the_json():
 @pytest.mark.parametrize("name", ["time_to_target_streaming", "elastic_resume", "replica_drift",
                                   "replicator_bytes", "replicator_bytes_step_wise", "convergence_quick",
                                   "convergence_long", "time_to_target_quick", "sweep_local", "sweep_overlap",
-                                  "bandwidth_quick", "bandwidth_budget_overlap",
+                                  "bandwidth_quick", "bandwidth_budget_overlap", "bandwidth_outer_delay_2",
+                                  "bandwidth_outer_delay_3",
                                   "time_to_target_local", "optimizer_step", "selection", "convergence_quick_xeon",
                                   "sweep_local_long"])
 def test_quoted_results_record_a_clean_commit_taken_at_start(name):
