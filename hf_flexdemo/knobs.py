@@ -115,7 +115,7 @@ def apply_preset(preset: str, values: dict[str, Any], *, field: str = "preset") 
     return {**values, **{key: value for key, value in PRESETS[preset].items() if values[key] == DEFAULTS[key]}}
 
 
-def resolve_value_dtype(value_dtype: str, replicator: str, local_steps: int = 1) -> str:
+def resolve_value_dtype(value_dtype: str, replicator: str, local_steps: int) -> str:
     """``value_dtype="auto"``'s choice: for ``demo``'s all-gather int2 with local steps (the local-steps sweep's
     choice: error feedback sends what the 2-bit rounding loses in the next round) and float8 step-wise;
     bfloat16 for the all-reduces, which add values (per-block scales do not add up); any other value as given."""
