@@ -51,17 +51,21 @@ def _local(steps: int, *, rate: float = 1 / 4, value_dtype: str = "int2", **knob
                 value_dtype=value_dtype, **knobs)
 
 
-# A grid's "pin": knob values its runs take unless they set them, left out of the run keys. The grids of the
-# step-wise mode ran when it was the default (local_steps=1); the local-steps grids waited for each exchange
-# unless a run said overlap="delayed" (the default "auto" streams now). Pinned, a rerun measures what the
-# committed JSON's run keys meant.
+# A grid's "pin": knob values its runs take unless they set them, left out of the run keys: the package defaults
+# when the grid's runs were chosen, so that a rerun measures what the committed JSON's run keys meant
+# (tests/test_sweep_pins.py rebuilds every committed run's FlexDeMoConfig from its key and the pin). The grids
+# "density" and "levers" chose the step-wise rule under the first defaults (DeMo's momentum and consensus, 1/8 of
+# 8 x 8 blocks, bfloat16 values); "overlap" ran step-wise at the rule they chose; the local-steps grids waited
+# for each exchange unless a run said overlap="delayed" (the default "auto" streams now).
 STEP_WISE = {"local_steps": 1}
+FIRST_DEFAULTS = {**STEP_WISE, "momentum": "lr", "consensus": "choosers", "value_dtype": "bfloat16",
+                  "compression_chunk": 8}
 WAITING = {"overlap": "none"}
 
 GRIDS: dict[str, dict[str, Any]] = {
     "density": {
         "argv": QUICK,
-        "pin": STEP_WISE,
+        "pin": FIRST_DEFAULTS,
         "runs": [
             _run("adamw", 3e-3),
             *(_run("flexdemo", 3e-3, compression_rate=rate, compression_chunk=8, **RULE)
@@ -69,11 +73,9 @@ GRIDS: dict[str, dict[str, Any]] = {
             _run("flexdemo", 1e-2, **OLD_DEFAULT, update="sign"),
             _run("flexdemo", 3e-3, compression_rate=1 / 8, compression_chunk=8, replicator="random", **RULE),
             _run("flexdemo", 3e-3, compression_rate=1 / 8, compression_chunk=8, update="sign"),
-            _run("demo", 3e-3, compression_rate=1 / 8, compression_chunk=8, **RULE),
             _run("flexdemo", 3e-3, compression_rate=1 / 16, compression_chunk=64, **RULE),
             *(_run("flexdemo", lr, compression_rate=1 / 8, compression_chunk=8, **RULE) for lr in (1e-3, 1e-2)),
             _run("flexdemo", 3e-3, compression_rate=1 / 16, compression_chunk=8, replicator="random", **RULE),
-            _run("demo", 3e-3, compression_rate=1 / 16, compression_chunk=8, **RULE),
             # the long runs' best rule (grid "levers": momentum="ema", lr 2e-3) at 300 steps
             _run("flexdemo", 2e-3, compression_rate=1 / 8, compression_chunk=8, momentum="ema", **RULE),
             # the long runs' mean over all replicas (grid "levers") at 300 steps: the AdamW-direction path at 1/8
@@ -90,7 +92,7 @@ GRIDS: dict[str, dict[str, Any]] = {
         ],
     },
     "levers": {
-        "pin": STEP_WISE,
+        "pin": FIRST_DEFAULTS,
         "argv": LONG,
         "runs": [
             _run("adamw", 3e-3),
