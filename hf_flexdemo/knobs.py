@@ -79,6 +79,7 @@ DEFAULTS: dict[str, Any] = {
     "outer_lr": 1.0,
     "outer_momentum": 0.0,
     "outer_delay": 1,
+    "outer_fragments": 1,
 }
 PER_GROUP: tuple[str, ...] = ("lr", "weight_decay", "betas", "eps", "compression_rate", "compression_topk",
                               "compression_chunk", "compression_transform", "compression_decay",
@@ -186,6 +187,8 @@ def validate(knobs: Mapping[str, Any]) -> None:
         "outer_lr": (lambda v: _number(v) and v > 0, "a float > 0 (1.0: the anchor moves by the mean)"),
         "outer_momentum": (lambda v: _number(v) and 0.0 <= v < 1.0, "a float in [0, 1) (0: no outer momentum)"),
         "outer_delay": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "an int >= 1"),
+        "outer_fragments": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+                            "an integer >= 1 (1: the whole model in one round)"),
     }
     for name, (ok, accepted) in ranges.items():
         if name in knobs:
@@ -212,6 +215,7 @@ def validate(knobs: Mapping[str, Any]) -> None:
         check(get("overlap") not in ("delayed", "auto") or get("outer_delay", 1) <= get("local_steps"), "outer_delay",
               get("outer_delay"), f"1 <= outer_delay <= local_steps={get('local_steps')} (the exchange lands within "
               "the next round)")
+    _check_fragments(knobs)
     if get("budget_bytes") is not None or get("budget_fraction") is not None:
         check(get("budget_bytes") is None or get("budget_fraction") is None, "budget_bytes, budget_fraction",
                (get("budget_bytes"), get("budget_fraction")), "one of them (the other None)")
@@ -219,6 +223,30 @@ def validate(knobs: Mapping[str, Any]) -> None:
                "None with a budget (the budget chooses a rate)")
         check(get("replicator") in ("demo", "random", None), "replicator", get("replicator"),
                "'demo' | 'random' with a budget ('full' and 'none' do not compress)")
+
+
+def _check_fragments(knobs: Mapping[str, Any]) -> None:
+    """``outer_fragments=F > 1`` against ``local_steps``, ``overlap`` and ``outer_delay`` (those present)."""
+    fragments, local, overlap, delay = (knobs.get(key) for key in ("outer_fragments", "local_steps", "overlap",
+                                                                   "outer_delay"))
+    if fragments in (None, 1):
+        return
+    if local is not None:
+        check(local > 1, "outer_fragments", fragments, f"1 with local_steps={local} (fragments stagger the rounds of "
+              "local steps); set local_steps=H > 1, a multiple of outer_fragments")
+        divisors = " | ".join(str(d) for d in range(1, local + 1) if local % d == 0)
+        check(local % fragments == 0, "outer_fragments", fragments, f"a divisor of local_steps={local}: {divisors} "
+              "(each fragment's round ends local_steps / outer_fragments steps after the previous fragment's); or "
+              "change local_steps to a multiple of it")
+    if overlap is not None:
+        check(overlap in ("auto", "delayed"), "outer_fragments", fragments, f"1 with overlap={overlap!r} (fragments "
+              "need the streamed exchange); set overlap='delayed' or 'auto'")
+    if local is not None and delay is not None:
+        slot = local // fragments
+        check(delay <= slot, "outer_delay", delay, f"1 <= outer_delay <= local_steps / outer_fragments = {local} / "
+              f"{fragments} = {slot} with outer_fragments={fragments} (one fragment's exchange in flight at a time); "
+              "lower outer_delay or outer_fragments")
+
 
 # What each knob means: FlexDeMoConfig's --help and FlexDeMo's argument reference.
 HELP: dict[str, str] = {
@@ -285,6 +313,11 @@ HELP: dict[str, str] = {
     "outer_delay": "local_steps > 1 with overlap='delayed' (streaming): the inner steps a round's exchange travels "
                    "during before it moves the anchor (Streaming DiLoCo's tau); the progress of those steps enters "
                    "error feedback, so replicas restart from one anchor and nothing is lost.",
+    "outer_fragments": "local_steps > 1, streamed: split the parameters into this many fragments (balanced by size) "
+                       "whose rounds are staggered by local_steps / outer_fragments steps (Streaming DiLoCo), so "
+                       "each exchange carries about 1/outer_fragments of the payload and the link is busy evenly; "
+                       "each fragment still syncs every local_steps steps. Must divide local_steps, with "
+                       "outer_delay <= local_steps / outer_fragments. 1: the whole model in one round.",
 }
 PRESET_HELP = ("A named set of knob values applied to the knobs left at their default: default (the package's "
                "measured defaults: local_steps=4, int2 values, streamed), step-wise (local_steps=1: a compressed "

@@ -24,6 +24,17 @@ validation loss at H = 2 in a probe at commit 10e915a: each round then started w
 progress.) ``state_dict`` holds an exchange in flight as ``pending_delta``/``pending_update`` (4 more bytes
 per parameter until it lands).
 
+Fragments (``outer_fragments=F > 1``, streaming only, Streaming DiLoCo's): a round's whole payload may need longer
+on a slow link than the tau steps it has (0.30 s at 10 Mbit/s against one 0.13 s step on the bandwidth benchmark).
+So the parameters are split into F fragments, balanced by size (:func:`partition` of the full element counts, the
+same on every rank), whose rounds are staggered: fragment f's ends after the steps ``done`` with ``done % H ==
+(f + 1) * H / F % H``, and only its stacks are exchanged then and landed tau steps later (the landing as above,
+its drift check on that fragment alone). Each step then sends about 1/F of the payload, the link is busy evenly,
+every fragment still syncs every H steps, and with ``tau <= H / F`` one fragment's exchange at most is in flight.
+Every anchor starts at step 0, so fragment f's first round is (f + 1) * H / F steps, shorter than H but for the
+last. Replicas differ on some fragment at every step after the first, so the consensus parameters are the
+anchors (see below), and a whole round's bytes equal F = 1's plus the F - 1 more collectives' non-finite flags.
+
 ``compression_decay`` is reused as the error-feedback decay: ``delta`` is the same buffer in the same role
 (what compression held back, decayed once per exchange), and its default 0.999 is all but the plain error
 feedback the probe measured (DESIGN.md section 8). A skipped round (a non-finite pseudo-gradient on some
@@ -40,7 +51,7 @@ the optimizer's ``steps`` modulo H; where replicas differ (mid-round, or streami
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -55,6 +66,16 @@ if TYPE_CHECKING:
 
 FLOAT32_KEYS = ("anchor", "outer_avg")  # besides delta, which the optimizer already keeps in float32
 LOCAL_KEY = "local"  # mid-round state_dict only: this rank's parameter shard
+
+
+def partition(sizes: Sequence[int], fragments: int) -> list[int]:
+    """Each item's fragment, balanced by size: the largest first (ties: the earlier) into the least-loaded fragment
+    (ties: the lowest)."""
+    loads, where = [0] * fragments, [0] * len(sizes)
+    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        where[i] = min(range(fragments), key=lambda f: (loads[f], f))
+        loads[where[i]] += sizes[i]
+    return where
 
 
 def outer_step(anchor: Tensor, q: Tensor, outer_avg: Tensor | None, *, lr: float, momentum: float) -> None:
@@ -77,6 +98,27 @@ class LocalSteps:
         self.momentum = optimizer.options["outer_momentum"]
         self.streaming = optimizer.options["overlap"] == "delayed"
         self.delay = optimizer.options["outer_delay"]
+        self.fragments = optimizer.options["outer_fragments"]
+        self.slot = self.every // self.fragments  # steps between two fragments' round ends
+        self.members: list[list[Tensor]] = [[] for _ in range(self.fragments)]  # each fragment's parameters
+
+    def assign(self, params: list[Tensor]) -> Callable[[Tensor], int] | None:
+        """Split the trainable ``params`` into the fragments (:func:`partition` of their full element counts) and
+        return each one's fragment for the plan (``None``: one). Parameters rather than stacks, so that every rank
+        splits alike: a node's ranks stack their shards differently (uneven or empty shards), while the drift
+        check's per-parameter verdict is agreed across the node."""
+        if self.fragments == 1:
+            self.members = [list(params)]
+            return None
+        where = partition([p.numel() for p in params], self.fragments)
+        self.members = [[p for p, f in zip(params, where) if f == fragment] for fragment in range(self.fragments)]
+        fragment_of = {id(p): f for p, f in zip(params, where)}
+        return lambda p: fragment_of[id(p)]
+
+    def fragment_at(self, done: int) -> int:
+        """The fragment whose round ends after ``done`` steps (``done`` a multiple of the slot): fragment f's at
+        ``done % H == (f + 1) * H / F % H``."""
+        return ((done % self.every) // self.slot - 1) % self.fragments
 
     def new_state(self, state: dict[str, Any], p: Tensor, group: dict[str, Any]) -> dict[str, Any]:
         """``p``'s state, filled on first use: the inner AdamW's moments, the anchor (``p`` now), the error
@@ -94,7 +136,8 @@ class LocalSteps:
 
     def step(self, plan: list[Bucket]) -> None:
         """One inner step; at the end of a round, the exchange and the outer step (streaming: the exchange starts
-        at the round's end and lands at the start of the ``outer_delay``-th step after it)."""
+        at the round's end and lands at the start of the ``outer_delay``-th step after it; with fragments, the
+        round's end of one fragment every ``local_steps / outer_fragments`` steps, its stacks only)."""
         stacks = [stack for bucket in plan for stack in bucket.stacks]
         opt, done = self.optimizer, self.optimizer.steps + 1
         if not self.streaming:
@@ -104,11 +147,12 @@ class LocalSteps:
                 skipped = opt._resolve_and_apply(rule=self._outer)
                 self._restart(stacks, clean=skipped)
             return
-        if done % self.every == self.delay % self.every and (opt._in_flight.exchanges or opt._pending is not None):
-            self._land(stacks)
+        if (done - self.delay) % self.slot == 0 and (opt._in_flight.exchanges or opt._pending is not None):
+            self._land(stacks, self.fragment_at(done - self.delay))
         self._inner(stacks)
-        if done % self.every == 0:
-            self._launch(stacks)
+        if done % self.slot == 0:
+            stacks = [stack for stack in stacks if stack.fragment == self.fragment_at(done)]
+            self._launch(stacks)  # an empty fragment (or rank) still joins the collective: every rank issues the same
             for stack in stacks:  # what was held back decays now; the progress until the exchange lands joins it
                 held = stack.momentum.zero_() if opt._replicator.spends_momentum else stack.momentum
                 held.mul_(stack.group["compression_decay"])
@@ -119,12 +163,14 @@ class LocalSteps:
         opt._in_flight.launch(stacks, kept=opt._kept, step=opt.steps, timing=[], stats=opt._stats,
                               momentum=self.pseudo_gradient)
 
-    def _land(self, stacks: list[Stack]) -> None:
+    def _land(self, stacks: list[Stack], fragment: int) -> None:
         """Streaming, before a step's inner update: wait for the exchange in flight (or take the one ``state_dict``
         held), move the anchor by its consensus, add the inner steps' progress since it started to the error
         feedback, and restart every replica from the anchor (the step's gradient, computed where the replica was,
-        then updates the anchor: one step stale, as ``overlap="delayed"`` is step-wise)."""
+        then updates the anchor: one step stale, as ``overlap="delayed"`` is step-wise). Only ``fragment``'s stacks:
+        the exchange's."""
         opt = self.optimizer
+        stacks = [stack for stack in stacks if stack.fragment == fragment]
         if opt._in_flight.exchanges:
             opt._hold()  # the consensus and error feedback as state: also what state_dict saves in flight
         pending, opt._pending = opt._pending, None
@@ -140,13 +186,13 @@ class LocalSteps:
         if pending["skip"]:
             opt._skip(pending["step"], pending["own_nonfinite"])
         self._restart(stacks, clean=True)  # a non-finite round is only known now: clean the moments here
-        if opt.drift_check_due():  # the one point of a round where replicas agree
-            opt._check_drift()
+        if opt.drift_check_due():  # the one point of a round where replicas agree (on the fragment's parameters)
+            opt._check_drift(None if self.fragments == 1 else self.members[fragment])
 
     def agreed(self, steps: int) -> bool:
         """Whether every replica's parameters are the anchor between ``step()`` calls, before step ``steps``
         (0-based): after a round's exchange; with streaming only before the first step (they agree inside the
-        step that lands an exchange, where its drift check runs)."""
+        step that lands an exchange, where its drift check runs; with fragments, on the landed fragment only)."""
         return steps % self.every == 0 if not self.streaming else steps == 0
 
     @staticmethod

@@ -140,6 +140,7 @@ class FlexDeMo(Optimizer):
         outer_lr: float = _D["outer_lr"],
         outer_momentum: float = _D["outer_momentum"],
         outer_delay: int = _D["outer_delay"],
+        outer_fragments: int = _D["outer_fragments"],
     ) -> None:
         given = knobs.apply_preset(preset, {key: value for key, value in locals().items() if key in DEFAULTS})
         knobs.validate(given)
@@ -248,6 +249,7 @@ class FlexDeMo(Optimizer):
             for key in OPTIMIZER_WIDE:
                 group.pop(key, None)
             group.setdefault("compression_transform", "dct")  # saved before the knob existed
+        saved.setdefault("outer_fragments", 1)  # saved before the knob existed: the whole model in one round
         self.options = {**self.options, **saved}
         params = [p for group in self.param_groups for p in group["params"]]
         for index, saved_state in state_dict["state"].items():
@@ -287,9 +289,10 @@ class FlexDeMo(Optimizer):
         """The exchange plan (:func:`hf_flexdemo.plan.build_plan`), built once on the first step."""
         if self._plan is None:
             fill = new_state if self._local is None else self._local.new_state
+            fragment_of = None if self._local is None else self._local.assign([p for _, p in self._named_params()])
             self._plan = build_plan(self.param_groups, lambda p, group: fill(self.state[p], p, group),
                                     bucket_cap_mb=self.options["bucket_cap_mb"],
-                                    hook_shards=self.options["overlap"] == "backward")
+                                    hook_shards=self.options["overlap"] == "backward", fragment_of=fragment_of)
             self._bucket_of = {id(p): bucket for bucket in self._plan for p in bucket.params}
             numel = sum(s.delta.numel() for b in self._plan for s in b.stacks)
             self._dense_bytes = dense_allreduce_bytes(numel, self.replicate.size)  # AdamW-HSDP's, for the ratio
@@ -474,12 +477,16 @@ class FlexDeMo(Optimizer):
         every = self.options["drift_check_every"]
         return bool(every) and self.steps % every < self.options["local_steps"]
 
-    def _check_drift(self) -> None:
+    def _check_drift(self, only: list[Tensor] | None = None) -> None:
         """Compare the replicas' parameters: bit for bit (:func:`hf_flexdemo.guards.check_replicas`), or within a bound
         of the step's size (``on_drift="tolerate"``, :func:`hf_flexdemo.guards.check_within_bound`). With local
         steps the anchor is what replicas share (the parameters restart from it): it is checked, and the
-        parameters restart from it again, as a resync left it."""
+        parameters restart from it again, as a resync left it. ``only``: these parameters alone (local steps'
+        ``outer_fragments``: the fragment that just landed; the others' replicas differ and keep their values)."""
         params = self._named_params()
+        if only is not None:
+            wanted = {id(p) for p in only}
+            params = [(name, p) for name, p in params if id(p) in wanted]
         anchored = self._local is not None and all("anchor" in self.state[p] for _, p in params)
         named = [(name, self.state[p]["anchor"] if anchored else local_shard(p)) for name, p in params]
         if self._drift_policy is None:  # on_drift="auto": exact on one kind of hardware, bounded across kinds

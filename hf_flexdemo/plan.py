@@ -58,6 +58,7 @@ class Stack:
     positions: Tensor | None = None  # flat positions of the kept coefficients in ``momentum``
     values: Tensor | None = None  # their ``(N, k)`` coefficients, before the wire's rounding
     wire: list[Tensor] = field(default_factory=list)  # what travels: positions ("demo") and encoded values
+    fragment: int = 0  # local steps' outer_fragments: the fragment whose round exchanges it
 
     def shards(self) -> list[Tensor]:
         """The parameters' local shards."""
@@ -180,10 +181,12 @@ def new_state(state: dict[str, Any], p: Tensor, group: dict[str, Any]) -> dict[s
 
 def build_plan(
     param_groups: list[dict[str, Any]], state_for: Callable[[Tensor, dict[str, Any]], dict[str, Tensor]], *,
-    bucket_cap_mb: float, hook_shards: bool,
+    bucket_cap_mb: float, hook_shards: bool, fragment_of: Callable[[Tensor], int] | None = None,
 ) -> list[Bucket]:
     """The buckets of the trainable parameters, each cut into stacks; ``state_for(p, group)`` creates a
-    parameter's state. ``hook_shards``: a bucket whose parameters are all FSDP2 shards is ``hooked``."""
+    parameter's state. ``hook_shards``: a bucket whose parameters are all FSDP2 shards is ``hooked``.
+    ``fragment_of(p)``: a parameter's fragment (local steps' ``outer_fragments``; default 0): a stack holds
+    parameters of one fragment only."""
     cap = bucket_cap_mb * 2**20
     entries = [(g, p) for g, group in enumerate(param_groups) for p in group["params"] if p.requires_grad]
     members: list[list[tuple[int, Tensor]]] = [[]]
@@ -197,7 +200,7 @@ def build_plan(
     plan: list[Bucket] = []
     index = 0
     for bucket_members in members:
-        stacks: dict[tuple[int, BlockLayout], Stack] = {}
+        stacks: dict[tuple[int, int, BlockLayout], Stack] = {}
         for g, p in bucket_members:
             group = param_groups[g]
             state = state_for(p, group)
@@ -206,11 +209,12 @@ def build_plan(
                 continue  # an empty shard: its replicas are empty too, nothing to send or update
             layout = BlockLayout.for_shape(tuple(shard.shape), group["compression_chunk"],
                                            group["compression_transform"])
-            if (g, layout) not in stacks:
-                stacks[g, layout] = Stack(index, layout, group)
+            key = (g, 0 if fragment_of is None else fragment_of(p), layout)
+            if key not in stacks:
+                stacks[key] = Stack(index, layout, group, fragment=key[1])
                 index += 1
-            stacks[g, layout].params.append(p)
-            stacks[g, layout].states.append(state)
+            stacks[key].params.append(p)
+            stacks[key].states.append(state)
         for stack in stacks.values():
             stack.delta = stack_rows(stack.states, "delta")
         hooked = hook_shards and all(isinstance(p, DTensor) for _, p in bucket_members)

@@ -75,7 +75,9 @@ def training_mode(config: FlexDeMoConfig) -> str:
         return "compressed momentum exchange every step"
     outer = (f"Nesterov outer momentum {config.outer_momentum:g}" if config.outer_momentum
              else "plain averaging with error feedback")
-    streaming = (f", streamed: it lands {config.outer_delay} inner step(s) after it starts"
+    fragments = (f", in {config.outer_fragments} fragments whose rounds are staggered by "
+                 f"{config.local_steps // config.outer_fragments} step(s)" if config.outer_fragments > 1 else "")
+    streaming = (f", streamed: it lands {config.outer_delay} inner step(s) after it starts{fragments}"
                  if config.overlap == "delayed" else "")
     return (f"local steps: {config.local_steps} AdamW steps per node, then a compressed pseudo-gradient "
             f"exchange ({outer}, outer lr {config.outer_lr:g}{streaming})")

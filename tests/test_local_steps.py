@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from hf_flexdemo import FlexDeMo, FlexDeMoConfig, compression, knobs, quantize
+from hf_flexdemo import FlexDeMo, FlexDeMoConfig, compression, knobs, local_steps, quantize
 from hf_flexdemo.dct import BlockLayout
 from hf_flexdemo.replicate import pack, unpack
 
@@ -207,3 +207,158 @@ def test_consensus_parameters_are_the_anchor_mid_round_and_the_local_values_come
             assert torch.equal(p, opt.state[p]["anchor"])
     for p, held in zip(model.parameters(), local):
         assert torch.equal(p, held) and not torch.equal(p, opt.state[p]["anchor"])
+
+
+# ---- outer_fragments --------------------------------------------------------------------------------------------
+
+
+def _state_of(opt: FlexDeMo) -> list[dict[str, torch.Tensor]]:
+    return [{key: value.clone() for key, value in opt.state[p].items()}
+            for group in opt.param_groups for p in group["params"]]
+
+
+def test_one_fragment_is_the_default_bit_for_bit_and_two_are_not():
+    """``outer_fragments=1`` spelled out trains as the default over three rounds (parameters, every state tensor,
+    the traffic counters of every step); two fragments train otherwise (the knob reaches the schedule)."""
+    runs = {}
+    for name, given in (("default", {}), ("one", {"outer_fragments": 1}), ("two", {"outer_fragments": 2})):
+        model = mlp()
+        opt = FlexDeMo(model.parameters(), lr=1e-2, compression_chunk=8, drift_check_every=3, **given)
+        stats = []
+        for step in range(12):
+            train_step = torch.Generator().manual_seed(step)
+            x, y = torch.randn(8, 16, generator=train_step), torch.randn(8, 8, generator=train_step)
+            ((model(x) - y) ** 2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+            stats.append(opt.comm_stats)
+        runs[name] = ([p.detach().clone() for p in model.parameters()], _state_of(opt), stats, opt.options)
+    (params, states, stats, options), (one_params, one_states, one_stats, one_options) = runs["default"], runs["one"]
+    assert options == one_options and options["outer_fragments"] == 1 and stats == one_stats
+    assert all(torch.equal(a, b) for a, b in zip(params, one_params))
+    for state, one in zip(states, one_states):
+        assert state.keys() == one.keys() and all(torch.equal(state[k], one[k]) for k in state)
+    assert not all(torch.equal(a, b) for a, b in zip(params, runs["two"][0]))
+
+
+def test_partition_puts_the_largest_first_into_the_least_loaded_fragment():
+    assert local_steps.partition([5, 3, 3, 2, 1], 2) == [0, 1, 1, 0, 1]  # loads 7 and 7
+    assert local_steps.partition([2, 2, 2], 2) == [0, 1, 0]  # ties: the earlier item, the lower fragment
+    assert local_steps.partition([1, 9], 3) == [1, 0]  # a fragment may stay empty
+    model = mlp()  # 512 + 32 + 256 + 8 elements: the first weight alone, the rest together
+    opt = FlexDeMo(model.parameters(), lr=1e-2, local_steps=4, outer_fragments=2)
+    train(model, opt, 1)
+    index = {id(p): i for i, p in enumerate(model.parameters())}
+    fragments = [[index[id(p)] for p in members] for members in opt._local.members]
+    assert fragments == [[0], [1, 2, 3]]
+    stacks = [stack for bucket in opt._plan for stack in bucket.stacks]
+    assert sorted(index[id(p)] for s in stacks for p in s.params) == [0, 1, 2, 3]
+    for stack in stacks:  # a stack is exchanged with its fragment: all its parameters are of that one
+        assert all(index[id(p)] in fragments[stack.fragment] for p in stack.params)
+
+
+def _fragments_run(lrs: list[float], **knobs) -> dict[str, tuple[list[float], list[float]]]:
+    """``_linear_run`` with two parameters, ``a`` (4 zeros: fragment 0, the larger) and ``b`` (2 zeros: fragment 1)."""
+    a, b = nn.Parameter(torch.zeros(4)), nn.Parameter(torch.zeros(2))
+    opt = FlexDeMo([a, b], lr=lrs[0], replicator="none", compression_rate=1.0, compression_transform="none",
+                   value_dtype="float32", betas=(0.5, 0.5), eps=1e-12, weight_decay=0.0, outer_fragments=2, **knobs)
+    seen: dict[str, tuple[list[float], list[float]]] = {"a": ([], []), "b": ([], [])}
+    for lr in lrs:
+        opt.param_groups[0]["lr"] = lr
+        (a.sum() + b.sum()).backward()
+        opt.step()
+        opt.zero_grad()
+        for name, p in (("a", a), ("b", b)):
+            assert bool((p == p[0]).all())
+            seen[name][0].append(p[0].item())
+            seen[name][1].append(opt.state[p]["anchor"][0].item())
+    assert [[p.shape[0] for p in members] for members in opt._local.members] == [[4], [2]]
+    return seen
+
+
+STRAIGHT = [-0.5, -0.75, -0.875, -0.9375, -0.96875, -0.984375, -0.9921875, -0.99609375]  # every step at its lr
+
+
+@pytest.mark.parametrize(("knobs", "a", "b"), [
+    # H = 4, F = 2, tau = 1: a's rounds end after steps 2 and 6 (the first round is H / F = 2 steps), land in steps
+    # 3 and 7; b's end after 4 and 8, land in 5 (and 9). Each anchor moves at its own landings only, by its round.
+    ({"local_steps": 4, "outer_delay": 1},
+     (STRAIGHT, [0.0, 0.0, -0.75, -0.75, -0.75, -0.75, -0.984375, -0.984375]),
+     (STRAIGHT, [0.0, 0.0, 0.0, 0.0, -0.9375, -0.9375, -0.9375, -0.9375])),
+    # tau = H / F = 2: a lands in steps 4 and 8, b in step 6; the eager step's progress (a: 0.125 in step 3, 0.0078125
+    # in 7; b: 0.03125 in 5) is given back at the landing and sent with the fragment's next round (a's second round
+    # sends 0.125 + 0.109375 = 0.234375: the anchor reaches -0.984375)
+    ({"local_steps": 4, "outer_delay": 2},
+     ([-0.5, -0.75, -0.875, -0.8125, -0.84375, -0.859375, -0.8671875, -0.98828125],
+      [0.0, 0.0, 0.0, -0.75, -0.75, -0.75, -0.75, -0.984375]),
+     ([-0.5, -0.75, -0.875, -0.9375, -0.96875, -0.953125, -0.9609375, -0.96484375],
+      [0.0, 0.0, 0.0, 0.0, 0.0, -0.9375, -0.9375, -0.9375])),
+    # H = F = 2, tau = 1: a's rounds end after odd steps (its first after one step) and land in even ones, b's
+    # (the last fragment) as the whole model's with F = 1: [0.0, *ON_TIME[:-1]]
+    ({"local_steps": 2, "outer_delay": 1},
+     (STRAIGHT, [0.0, -0.5, -0.5, -0.875, -0.875, -0.96875, -0.96875, -0.9921875]),
+     (STRAIGHT, [0.0, *ON_TIME[:-1]])),
+])
+@pytest.mark.parametrize("drift_check_every", [0, 1])  # 1: the drift check at every landing leaves the rest alone
+def test_each_fragment_lands_at_its_own_steps_and_loses_no_progress(knobs, a, b, drift_check_every):
+    seen = _fragments_run(LRS, drift_check_every=drift_check_every, **knobs)
+    assert seen["a"][0] == pytest.approx(a[0], abs=1e-6) and seen["a"][1] == pytest.approx(a[1], abs=1e-6)
+    assert seen["b"][0] == pytest.approx(b[0], abs=1e-6) and seen["b"][1] == pytest.approx(b[1], abs=1e-6)
+
+
+def test_fragments_resume_with_an_exchange_in_flight_bit_for_bit():
+    """12 straight steps vs 5, ``state_dict`` into a fresh optimizer, 7 more (H = 4, F = 2, tau = 2: fragment 1's
+    first round ended after step 4 and lands in step 6); only its parameters hold the exchange in flight."""
+    kwargs = dict(lr=1e-2, compression_chunk=8, local_steps=4, outer_fragments=2, outer_delay=2, outer_momentum=0.9,
+                  drift_check_every=1)
+    straight = mlp()
+    train(straight, FlexDeMo(straight.parameters(), **kwargs), 12)
+    model = mlp()
+    first = FlexDeMo(model.parameters(), **kwargs)
+    train(model, first, 5)
+    saved = first.state_dict()
+    in_flight = sorted(index for index, state in saved["state"].items() if "pending_update" in state)
+    assert in_flight == [1, 2, 3] and saved["flexdemo"]["pending"] is not None  # fragment 1: all but the first weight
+    assert all("local" in state for state in saved["state"].values())  # replicas differ: each local shard travels
+    fresh = mlp()
+    resumed = FlexDeMo(fresh.parameters(), lr=1.0)
+    resumed.load_state_dict(copy.deepcopy(saved))
+    assert resumed.options["outer_fragments"] == 2
+
+    def rest(model, opt):
+        for step in range(5, 12):
+            g = torch.Generator().manual_seed(step)
+            x, y = torch.randn(8, 16, generator=g), torch.randn(8, 8, generator=g)
+            ((model(x) - y) ** 2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+
+    rest(fresh, resumed)
+    for a, b in zip(straight.parameters(), fresh.parameters()):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize(("given", "field", "accepted"), [
+    ({"local_steps": 4, "outer_fragments": 3}, "outer_fragments", r"a divisor of local_steps=4: 1 \| 2 \| 4"),
+    ({"local_steps": 6, "outer_fragments": 4}, "outer_fragments", r"a divisor of local_steps=6: 1 \| 2 \| 3 \| 6"),
+    ({"local_steps": 4, "outer_fragments": 2, "outer_delay": 3}, "outer_delay",
+     r"1 <= outer_delay <= local_steps / outer_fragments = 4 / 2 = 2 with outer_fragments=2 \(one fragment's "
+     r"exchange in flight at a time\); lower outer_delay or outer_fragments"),
+    ({"local_steps": 1, "outer_fragments": 2}, "outer_fragments", r"1 with local_steps=1 .*set local_steps=H > 1"),
+    ({"local_steps": 4, "outer_fragments": 2, "overlap": "none"}, "outer_fragments",
+     r"1 with overlap='none' \(fragments need the streamed exchange\); set overlap='delayed' or 'auto'"),
+    ({"outer_fragments": 2.0}, "outer_fragments", r"an integer >= 1"),
+    ({"outer_fragments": True}, "outer_fragments", r"an integer >= 1"),
+    ({"outer_fragments": 0}, "outer_fragments", r"an integer >= 1"),
+])
+def test_invalid_fragments_name_field_value_accepted_and_fix(given, field, accepted):
+    value = given[field]
+    for build in (lambda: FlexDeMo(mlp().parameters(), **given), lambda: FlexDeMoConfig(**given)):
+        with pytest.raises(ValueError, match=rf"invalid {field}={value!r}; accepted: {accepted}"):
+            build()
+
+
+def test_config_carries_outer_fragments():
+    config = FlexDeMoConfig(outer_fragments=2)
+    assert config.optimizer_kwargs()["outer_fragments"] == 2 and config.overlap == "delayed"
+    assert knobs.DEFAULTS["outer_fragments"] == 1 and "outer_fragments" in knobs.OPTIMIZER_WIDE

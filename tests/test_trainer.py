@@ -183,3 +183,5 @@ def test_the_model_card_names_the_mode():
     assert "Nesterov outer momentum 0.9" in training_mode(FlexDeMoConfig(local_steps=8, outer_momentum=0.9))
     assert "lands 2 inner step(s) after" in training_mode(FlexDeMoConfig(local_steps=8, overlap="delayed",
                                                                           outer_delay=2))
+    assert training_mode(FlexDeMoConfig(outer_fragments=2)).endswith(
+        "it lands 1 inner step(s) after it starts, in 2 fragments whose rounds are staggered by 2 step(s))")
