@@ -39,7 +39,10 @@ anchors (see below), and a whole round's bytes equal F = 1's plus the F - 1 more
 (what compression held back, decayed once per exchange), and its default 0.999 is all but the plain error
 feedback the probe measured (DESIGN.md section 8). A skipped round (a non-finite pseudo-gradient on some
 rank) keeps the anchor, ``delta`` and the outer momentum, restarts every replica from the anchor, and zeroes
-the non-finite entries of the inner moments.
+the non-finite entries of the inner moments and of ``delta``. Streaming, a skipped landing also drops that
+step's gradient (computed where a replica was non-finite) and restarts every fragment, not just its own: a
+non-finite value spreads through the next forward to every parameter, and through a landing's progress term
+into ``delta``; otherwise every later round would be skipped.
 
 State per parameter (float32 unless noted): ``exp_avg``, ``exp_avg_sq`` (the parameter's dtype) and ``step``
 (on the CPU), the inner AdamW's; ``anchor``, the parameters at the last exchange; ``delta``, the error
@@ -147,9 +150,13 @@ class LocalSteps:
                 skipped = opt._resolve_and_apply(rule=self._outer)
                 self._restart(stacks, clean=skipped)
             return
+        skipped = False
         if (done - self.delay) % self.slot == 0 and (opt._in_flight.exchanges or opt._pending is not None):
-            self._land(stacks, self.fragment_at(done - self.delay))
-        self._inner(stacks)
+            skipped = self._land(stacks, self.fragment_at(done - self.delay))
+        if skipped:  # a replica went non-finite: so may this step's gradient and every fragment's progress since
+            self._restart(stacks, clean=True)
+        else:
+            self._inner(stacks)
         if done % self.slot == 0:
             stacks = [stack for stack in stacks if stack.fragment == self.fragment_at(done)]
             self._launch(stacks)  # an empty fragment (or rank) still joins the collective: every rank issues the same
@@ -163,12 +170,12 @@ class LocalSteps:
         opt._in_flight.launch(stacks, kept=opt._kept, step=opt.steps, timing=[], stats=opt._stats,
                               momentum=self.pseudo_gradient)
 
-    def _land(self, stacks: list[Stack], fragment: int) -> None:
+    def _land(self, stacks: list[Stack], fragment: int) -> bool:
         """Streaming, before a step's inner update: wait for the exchange in flight (or take the one ``state_dict``
         held), move the anchor by its consensus, add the inner steps' progress since it started to the error
         feedback, and restart every replica from the anchor (the step's gradient, computed where the replica was,
         then updates the anchor: one step stale, as ``overlap="delayed"`` is step-wise). Only ``fragment``'s stacks:
-        the exchange's."""
+        the exchange's. Whether the exchange was skipped."""
         opt = self.optimizer
         stacks = [stack for stack in stacks if stack.fragment == fragment]
         if opt._in_flight.exchanges:
@@ -188,6 +195,7 @@ class LocalSteps:
         self._restart(stacks, clean=True)  # a non-finite round is only known now: clean the moments here
         if opt.drift_check_due():  # the one point of a round where replicas agree (on the fragment's parameters)
             opt._check_drift(None if self.fragments == 1 else self.members[fragment])
+        return pending["skip"]
 
     def agreed(self, steps: int) -> bool:
         """Whether every replica's parameters are the anchor between ``step()`` calls, before step ``steps``
@@ -197,12 +205,13 @@ class LocalSteps:
 
     @staticmethod
     def _restart(stacks: list[Stack], *, clean: bool) -> None:
-        """Every replica continues from the anchor; ``clean``: the inner moments' non-finite entries become 0."""
+        """Every replica continues from the anchor; ``clean``: the non-finite entries of the inner moments and of
+        the error feedback (streaming: the progress a landing adds to it) become 0."""
         for stack in stacks:
             torch._foreach_copy_(stack.shards(), list(stack_rows(stack.states, "anchor").unbind(0)))
             if clean:
                 for state in stack.states:
-                    for key in ("exp_avg", "exp_avg_sq"):
+                    for key in ("exp_avg", "exp_avg_sq", "delta"):
                         torch.nan_to_num_(state[key], nan=0.0, posinf=0.0, neginf=0.0)
 
     def _inner(self, stacks: list[Stack]) -> None:

@@ -362,3 +362,30 @@ def test_config_carries_outer_fragments():
     config = FlexDeMoConfig(outer_fragments=2)
     assert config.optimizer_kwargs()["outer_fragments"] == 2 and config.overlap == "delayed"
     assert knobs.DEFAULTS["outer_fragments"] == 1 and "outer_fragments" in knobs.OPTIMIZER_WIDE
+
+
+@pytest.mark.parametrize("knobs", [{"overlap": "none"}, {}, {"outer_delay": 2}, {"outer_delay": 4},
+                                   {"outer_fragments": 2}, {"outer_fragments": 4}, {"outer_fragments": 2,
+                                                                                     "outer_delay": 2}])
+@pytest.mark.parametrize("bad_step", [0, 1, 3, 4, 5])
+def test_one_non_finite_gradient_costs_one_round_and_training_goes_on(knobs, bad_step):
+    """A NaN gradient at any phase of a round (before, at, between a launch and its landing) is skipped once:
+    every replica restarts from its anchor, the parameters, moments and error feedback are finite again, and the
+    rounds after it exchange and move the anchor."""
+    model = mlp()
+    opt = FlexDeMo(model.parameters(), lr=1e-2, compression_chunk=8, **knobs)
+    anchors = []
+    with pytest.warns(UserWarning, match="non-finite gradient"):
+        for step in range(24):
+            g = torch.Generator().manual_seed(step)
+            x, y = torch.randn(8, 16, generator=g), torch.randn(8, 8, generator=g)
+            ((model(x) - y) ** 2).mean().backward()
+            if step == bad_step:
+                next(model.parameters()).grad[0, 0] = float("nan")
+            opt.step()
+            opt.zero_grad()
+            anchors.append([opt.state[p]["anchor"].clone() for p in model.parameters()])
+    assert opt.skipped_steps == 1
+    for p in model.parameters():
+        assert all(torch.isfinite(t).all() for t in (p, *opt.state[p].values()) if t.is_floating_point())
+    assert all(not torch.equal(a, b) for a, b in zip(anchors[-9], anchors[-1]))  # the last rounds moved every anchor

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.multiprocess
 
 CASES = ["averaging", "habits,topology=2x2,value_dtype=int2", "habits,topology=1x4,value_dtype=int4,local_steps=2",
          "habits,topology=2x2,value_dtype=int2,overlap=delayed", "resume,value_dtype=int4",
-         "resume,value_dtype=int4,overlap=delayed,outer_delay=2"]
+         "resume,value_dtype=int4,overlap=delayed,outer_delay=2", "nonfinite,bad=3", "nonfinite,bad=4"]
 HABITS = [case for case in CASES if case.startswith("habits")]
 RESUMES = [case for case in CASES if case.startswith("resume")]
 
@@ -89,3 +89,18 @@ def test_resume_mid_round_continues_bit_identically(suite, case):
         assert {"anchor", "delta", "exp_avg", "exp_avg_sq", "outer_avg", "local", "step"} <= set(result["keys"])
         assert result["options"]["local_steps"] == 3 and result["options"]["outer_momentum"] == 0.9
         assert ({"pending_delta", "pending_update"} <= set(result["keys"])) == ("delayed" in case)
+
+
+@pytest.mark.parametrize("case", ["nonfinite,bad=3", "nonfinite,bad=4"])
+def test_a_non_finite_gradient_on_one_rank_costs_every_replica_one_round(suite, case):
+    """At the defaults (streamed), a NaN on rank 1 in a round's last step (3) or while its exchange is in flight
+    (4): every rank skips one round, all state is finite again, replicas agree and the anchors move on."""
+    ranks = [rank[case] for rank in suite]
+    for rank in ranks:
+        assert rank["skipped"] == 1 and rank["finite"]
+        after, end = rank["anchors"]
+        assert all(not torch.equal(after[name], end[name]) for name in after)
+    for a, b in [(0, 2), (1, 3)]:
+        for mine, theirs in zip(ranks[a]["anchors"], ranks[b]["anchors"]):
+            for name, value in mine.items():
+                assert torch.equal(value, theirs[name]), name

@@ -118,6 +118,26 @@ def case_resume(args) -> dict:
             "equal": all(torch.equal(expected[n], full(p)) for n, p in model.named_parameters())}
 
 
+def case_nonfinite(args) -> dict:
+    """The defaults (streamed local steps): rank 1's gradient is NaN at step ``bad``; every rank skips that round
+    once and trains on. The anchors (what replicas share) after it and at the end, and whether all state is finite."""
+    model, group = sharded()
+    opt = FlexDeMo(model.parameters(), replicate_group=group, lr=1e-3, compression_chunk=8, drift_check_every=1)
+    rounds, anchors = opt.options["local_steps"], []
+    for step in range(4 * rounds):
+        model(**batch(step, dist.get_rank())).loss.backward()
+        if step == int(args.bad) and dist.get_rank() == 1:
+            next(model.parameters()).grad.to_local().view(-1)[0] = float("nan")
+        opt.step()
+        opt.zero_grad()
+        if step in (2 * rounds, 4 * rounds - 1):
+            with opt.consensus_parameters():
+                anchors.append({n: full(p) for n, p in model.named_parameters()})
+    tensors = [t for s in opt.state.values() for t in s.values() if t.is_floating_point()]
+    return {"skipped": opt.skipped_steps, "anchors": anchors,
+            "finite": all(bool(t.isfinite().all()) for t in [*tensors, *(local(p) for p in model.parameters())])}
+
+
 if __name__ == "__main__":
     main(globals(), {"steps": "6", "local_steps": "3", "topology": "2x2", "value_dtype": "int2", "overlap": "none",
-                     "outer_delay": "1"})
+                     "outer_delay": "1", "bad": "5"})
