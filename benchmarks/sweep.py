@@ -11,7 +11,7 @@ header, and each run its invocation's index (``invocation``), so a run names the
     python benchmarks/sweep.py density    # rate x block x lr x replicator, 300 steps: ~3 min per run on 2 cores
     python benchmarks/sweep.py levers     # what closes the gap over 1,000 steps: ~10 min per run
     python benchmarks/sweep.py overlap    # when the exchange runs (none / backward / delayed), 300 steps
-    python benchmarks/sweep.py local      # H x rate x value bits x outer rule (x DCT, streaming), 300 steps (82 runs)
+    python benchmarks/sweep.py local      # H x rate x value bits x outer rule (x DCT, streaming), 300 steps (86 runs)
     python benchmarks/sweep.py local_long # local steps' candidates and AdamW at 1,000 steps, two seeds (8 runs)
     python benchmarks/sweep.py levers --only "flexdemo lr=0.003 compression_feedback=0.2 momentum=ema"
 """
@@ -206,6 +206,9 @@ GRIDS: dict[str, dict[str, Any]] = {
             *(_local(steps, value_dtype="float8" if steps == 1 else "int2", seed=7) for steps in (1, 2, 4, 8)),
             # streaming: each round's exchange travels during the next outer_delay inner steps before it lands
             *(_local(4, overlap="delayed", outer_delay=delay, **seed) for delay in (1, 2, 4)
+              for seed in ({}, {"seed": 7})),
+            # streaming by fragments (Streaming DiLoCo): a quarter or a half of the model's round ends every step
+            *(_local(4, overlap="delayed", outer_delay=1, outer_fragments=fragments, **seed) for fragments in (2, 4)
               for seed in ({}, {"seed": 7})),
         ],
     },
