@@ -45,6 +45,35 @@ def test_the_convergence_tables_are_the_json(name):
     assert f"{methods['adamw']['final_eval_loss']:.3f}" in README
 
 
+@pytest.mark.parametrize("name", ["sweep_density", "sweep_levers"])
+def test_the_step_wise_sweep_tables_are_the_json(name):
+    """Every run of the two sweeps that chose the step-wise rule is one row: final loss, gap, bytes per step and
+    the ratio to a bf16 all-reduce."""
+    data = result(name)
+    bf16 = data["runs"]["adamw lr=0.003"]["bytes_sent"]["per_step"] / 2
+    lines = README.splitlines()
+    for row in data["rows"]:
+        assert row["status"] == "ok", row["key"]
+        gap = "–" if row["gap_pct"] is None else f"{row['gap_pct']:+.2f} %"
+        cells = (f"| {row['final_eval_loss']:.3f} | {gap} | {row['bytes_per_step']:.4g} | "
+                 f"{bf16 / row['bytes_per_step']:.1f} |").replace("e+0", "e")
+        assert sum(line.endswith(cells) for line in lines) == 1, row["key"]
+
+
+def test_the_fragments_bandwidth_figures_are_the_json():
+    """Streaming by fragments against the whole model at once, one run each (10 rounds), as the README quotes."""
+    ratios = {fragments: {int(row["link_mbit"]): row["step_over_compute_only"]
+                          for row in result(f"bandwidth_fragments_{fragments}")["rows"] if row["method"] == "flexdemo"}
+              for fragments in (1, 2, 4)}
+    assert f"At 10 Mbit/s F = 1 is {ratios[1][10]:.2f} × compute-only" in README
+    assert f"F = 2 {ratios[2][10]:.2f} × and **F = 4 {ratios[4][10]:.2f} ×, within the 1.15 ×**" in README
+    assert ratios[4][10] <= 1.15
+    assert f"Mbit/s {ratios[1][100]:.2f} ×, {ratios[2][100]:.2f} × and {ratios[4][100]:.2f} ×" in README
+    knob_row = (f"with F = 4, {ratios[4][10]:.2f} × the compute-only step at 10 Mbit/s against F = 1's "
+                f"{ratios[1][10]:.2f} ×")
+    assert knob_row in README
+
+
 def test_the_overlap_table_is_the_json():
     data = result("sweep_overlap")
     adamw = data["runs"]["adamw lr=0.003"]["curve"][-1]["eval_loss"]
@@ -203,7 +232,8 @@ def test_the_streamed_time_to_target_figures_are_the_json():
                                   "bandwidth_quick", "bandwidth_budget_overlap", "bandwidth_outer_delay_2",
                                   "bandwidth_outer_delay_3",
                                   "time_to_target_local", "optimizer_step", "selection", "convergence_quick_xeon",
-                                  "sweep_local_long"])
+                                  "sweep_local_long", "sweep_density", "sweep_levers", "bandwidth_fragments_1",
+                                  "bandwidth_fragments_2", "bandwidth_fragments_4"])
 def test_quoted_results_record_a_clean_commit_taken_at_start(name):
     data = result(name)
     for header in data.get("invocations", [data]):  # a sweep: every invocation that added runs
