@@ -1,9 +1,10 @@
 """The optimizer imports without the Hugging Face stack; the trainers load it on first use; the library
-never imports the recipes or the benchmarks."""
+never imports the recipes or the benchmarks; the README's layout table names every library module."""
 
 import pkgutil
 import subprocess
 import sys
+from pathlib import Path
 
 import hf_flexdemo
 
@@ -54,3 +55,11 @@ def test_trainer_symbols_load_on_first_access():
         "issubclass(FlexDeMoTrainer, transformers.Trainer), 'FlexDeMoTrainer' in dir(hf_flexdemo))\n"
     )
     assert out.split() == ["True", "True", "True"]
+
+
+def test_the_readme_layout_names_every_library_module():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    layout = readme.split("### Layout", 1)[1]
+    names = {m.name for m in pkgutil.iter_modules(hf_flexdemo.__path__)} - {"metric_scripts"}
+    missing = sorted(name for name in names if f"`{name}`" not in layout and f"`{name}/`" not in layout)
+    assert not missing, f"README's Layout table lacks {missing}"
