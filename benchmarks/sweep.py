@@ -12,7 +12,7 @@ header, and each run its invocation's index (``invocation``), so a run names the
     python benchmarks/sweep.py levers     # what closes the gap over 1,000 steps: ~10 min per run
     python benchmarks/sweep.py overlap    # when the exchange runs (none / backward / delayed), 300 steps
     python benchmarks/sweep.py local      # H x rate x value bits x outer rule (x DCT, streaming), 300 steps (86 runs)
-    python benchmarks/sweep.py local_long # local steps' candidates and AdamW at 1,000 steps, two seeds (8 runs)
+    python benchmarks/sweep.py local_long # local steps' candidates and AdamW at 1,000 steps, two seeds (10 runs)
     python benchmarks/sweep.py levers --only "flexdemo lr=0.003 compression_feedback=0.2 momentum=ema"
 """
 
@@ -178,6 +178,8 @@ GRIDS: dict[str, dict[str, Any]] = {
             *(_run("adamw", 3e-3, **seed) for seed in ({}, {"seed": 7})),
             *(_local(steps, **seed) for steps in (4, 8) for seed in ({}, {"seed": 7})),
             *(_local(4, overlap="delayed", outer_delay=1, **seed) for seed in ({}, {"seed": 7})),  # streaming
+            # ... by fragments: a quarter of the model's round ends every step
+            *(_local(4, overlap="delayed", outer_delay=1, outer_fragments=4, **seed) for seed in ({}, {"seed": 7})),
         ],
     },
     # At the package defaults: "delayed" is one step stale. ("backward" is "none"'s update, bit for bit, tested
