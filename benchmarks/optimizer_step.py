@@ -13,6 +13,8 @@ barrier before each step. A step's time is the slowest rank's. Methods, in this 
   median would hide the exchange step), against AdamW's mean. After the timed steps one more round runs under
   ``torch.profiler`` on rank 0: the time of each ``FlexDeMo::`` phase and of the costliest operators go in the
   JSON (``profile_flexdemo_rank0``, seconds per round);
+* ``flexdemo_fragments``: the defaults streamed in 4 fragments (``outer_fragments=4``): each step compresses and
+  sends a quarter of the model's round, timed as ``flexdemo``;
 * ``flexdemo_step_wise``: ``FlexDeMo(preset="step-wise")``, the exchange of the compressed momentum every step
   (float8 values; the default before local steps), DDP style, profiled as ``flexdemo`` for one step
   (``profile_flexdemo_step_wise_rank0``);
@@ -77,8 +79,10 @@ CHUNK = DEFAULT_CHUNK
 TOPK = round(DEFAULT_RATE * CHUNK * CHUNK)
 # --model: a configuration name of hf_flexdemo.tiny_t5 (published shapes there) -> vocabulary size
 MODELS = {"t5-small": T5_VOCAB_SIZE, "tiny": 4096}
-METHODS = ("adamw", "flexdemo", "flexdemo_step_wise", "reference", "flexdemo_sharded")
-PRESETS = {"flexdemo": "default", "flexdemo_step_wise": "step-wise", "flexdemo_sharded": "step-wise"}
+METHODS = ("adamw", "flexdemo", "flexdemo_fragments", "flexdemo_step_wise", "reference", "flexdemo_sharded")
+PRESETS = {"flexdemo": "default", "flexdemo_fragments": "default", "flexdemo_step_wise": "step-wise",
+           "flexdemo_sharded": "step-wise"}
+KNOBS = {"flexdemo_fragments": {"outer_fragments": 4}}  # besides the preset's
 # issue #20: the defaults' mean step over a round; issue #2: the step-wise step and its bytes per coefficient
 TARGET_STEP_RATIO, TARGET_STEP_WISE_RATIO, TARGET_BYTES_PER_COEFFICIENT = 1.5, 2.0, 4.0
 
@@ -158,7 +162,7 @@ def measure(method: str, args: argparse.Namespace) -> dict[str, Any]:
                               replication_parallel_group=dist.group.WORLD)
     else:
         group = None if method == "flexdemo_sharded" else dist.group.WORLD
-        optimizer = FlexDeMo(params, lr=LR, replicate_group=group, preset=PRESETS[method])
+        optimizer = FlexDeMo(params, lr=LR, replicate_group=group, preset=PRESETS[method], **KNOBS.get(method, {}))
     # whole rounds: every exchange counted
     rounds = optimizer.options["local_steps"] if method.startswith("flexdemo") else 1
     warmup, steps = (-(-n // rounds) * rounds for n in (args.warmup, args.steps))
@@ -392,6 +396,7 @@ def driver(args: argparse.Namespace) -> None:
     ratios = {f"{a}/{b}": step[a] / step[b] for a, b in pairs if a in step and b in step}
     # the defaults' figure: a round's mean step (the exchange step is one in local_steps), against AdamW's mean
     ratios["flexdemo/adamw (mean)"] = methods["flexdemo"]["mean_s"] / methods["adamw"]["mean_s"]
+    ratios["flexdemo_fragments/adamw (mean)"] = methods["flexdemo_fragments"]["mean_s"] / methods["adamw"]["mean_s"]
     per_coefficient = methods["flexdemo_step_wise"]["bytes_per_coefficient"]  # None on one rank: nothing is sent
     targets = {
         "flexdemo_mean_step_le_1.5x_adamw": {"value": ratios["flexdemo/adamw (mean)"], "target": TARGET_STEP_RATIO,
@@ -424,7 +429,7 @@ def driver(args: argparse.Namespace) -> None:
         "warmup_steps": args.warmup,
         "timed_steps": args.steps,
         "settings": {"lr": LR, "compression_rate": DEFAULT_RATE, "compression_chunk": CHUNK, "reference_topk": TOPK,
-                     "presets": PRESETS,
+                     "presets": PRESETS, "knobs": KNOBS,
                      "flexdemo_local_steps": ranks["flexdemo"][0]["local_steps"],
                      "flexdemo_step_wise_update": inspect.signature(FlexDeMo).parameters["update"].default,
                      # as the optimizers resolved them
