@@ -74,6 +74,15 @@ def test_the_fragments_bandwidth_figures_are_the_json():
     assert knob_row in README
 
 
+def test_the_fragments_step_figures_are_the_json():
+    methods = result("optimizer_step_fragments")["methods"]
+    adamw, defaults, fragments = (methods[name] for name in ("adamw", "flexdemo", "flexdemo_fragments"))
+    assert (f"gives the defaults {defaults['mean_s'] / adamw['mean_s']:.2f} × AdamW's mean step\nand the fragments "
+            f"{fragments['mean_s'] / adamw['mean_s']:.2f} ×, with a step-to-step IQR of {fragments['iqr_s']:.3f} s "
+            f"against {defaults['iqr_s']:.3f} s (slowest step {max(fragments['step_seconds']):.2f} s against\n"
+            f"{max(defaults['step_seconds']):.2f} s)") in README
+
+
 def test_the_overlap_table_is_the_json():
     data = result("sweep_overlap")
     adamw = data["runs"]["adamw lr=0.003"]["curve"][-1]["eval_loss"]
