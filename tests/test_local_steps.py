@@ -152,14 +152,17 @@ def test_state_dict_mid_round_holds_the_local_shard_and_round_boundary_does_not(
     assert not any("local" in s for s in opt.state_dict()["state"].values())
 
 
+# A lossless wire (every coefficient, float32, no transform) and an AdamW with betas 0.5 and a tiny eps, which
+# under the loss ``sum(p)`` (gradient 1 wherever it is) moves every entry by exactly the step's lr.
+EXACT = dict(replicator="none", compression_rate=1.0, compression_transform="none", value_dtype="float32",
+             betas=(0.5, 0.5), eps=1e-12, weight_decay=0.0)
+
+
 def _linear_run(lrs: list[float], **streaming) -> tuple[list[float], list[float]]:
-    """One parameter of 4 zeros under the loss ``sum(p)`` (gradient 1 wherever it is), local_steps=2 with a
-    lossless wire (every coefficient, float32, no transform) and outer SGD at lr 1; AdamW with betas 0.5 and a
-    tiny eps moves every entry by exactly the step's lr. The parameter and the anchor after each step."""
+    """One parameter of 4 zeros under the loss ``sum(p)``, local_steps=2 on the ``EXACT`` wire and outer SGD at
+    lr 1. The parameter and the anchor after each step."""
     p = nn.Parameter(torch.zeros(4))
-    opt = FlexDeMo([p], lr=lrs[0], local_steps=2, replicator="none", compression_rate=1.0,
-                   compression_transform="none", value_dtype="float32", betas=(0.5, 0.5), eps=1e-12,
-                   weight_decay=0.0, drift_check_every=0, **streaming)
+    opt = FlexDeMo([p], lr=lrs[0], local_steps=2, drift_check_every=0, **EXACT, **streaming)
     params, anchors = [], []
     for lr in lrs:
         opt.param_groups[0]["lr"] = lr
@@ -260,8 +263,7 @@ def test_partition_puts_the_largest_first_into_the_least_loaded_fragment():
 def _fragments_run(lrs: list[float], **knobs) -> dict[str, tuple[list[float], list[float]]]:
     """``_linear_run`` with two parameters, ``a`` (4 zeros: fragment 0, the larger) and ``b`` (2 zeros: fragment 1)."""
     a, b = nn.Parameter(torch.zeros(4)), nn.Parameter(torch.zeros(2))
-    opt = FlexDeMo([a, b], lr=lrs[0], replicator="none", compression_rate=1.0, compression_transform="none",
-                   value_dtype="float32", betas=(0.5, 0.5), eps=1e-12, weight_decay=0.0, outer_fragments=2, **knobs)
+    opt = FlexDeMo([a, b], lr=lrs[0], outer_fragments=2, **EXACT, **knobs)
     seen: dict[str, tuple[list[float], list[float]]] = {"a": ([], []), "b": ([], [])}
     for lr in lrs:
         opt.param_groups[0]["lr"] = lr
