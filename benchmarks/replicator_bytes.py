@@ -11,8 +11,11 @@ R = 2 ... 64 nodes, and the R at which the all-gather stops paying off against A
     python benchmarks/replicator_bytes.py --local_steps 1 --out benchmarks/results/replicator_bytes_step_wise.json
 
 Local steps: FlexDeMo exchanges once every ``--local_steps`` H steps (the package default), so its bytes per step
-are an exchange's divided by H (amortised; AdamW-HSDP reduces every step), and ``value_dtype="auto"`` resolves
-as the optimizer resolves it (int2 for demo with local steps, float8 step-wise).
+are a round's divided by H (amortised; AdamW-HSDP reduces every step), and ``value_dtype="auto"`` and
+``--outer_fragments`` (default: the package's choice, 4 with the default local steps) resolve as the optimizer
+resolves them (int2 for demo with local steps, float8 step-wise). With F fragments a round is F exchanges, one per
+fragment (``hf_flexdemo.local_steps.partition`` of the parameters' full sizes, as the optimizer splits them), each
+counted by the formulas below over its own shards, flag included: a round sends F - 1 more flags than F = 1.
 
 Model: the published T5-small shape (``hf_flexdemo.tiny_t5.named_t5_config("t5-small", T5_VOCAB_SIZE)``,
 60.5 M parameters, tied embeddings counted once), built on the meta device. FSDP2 shards dim 0 of every
@@ -70,6 +73,7 @@ from hf_flexdemo import compression, knobs
 from hf_flexdemo.compression import VALUE_DTYPES
 from hf_flexdemo.dct import BlockLayout
 from hf_flexdemo.knobs import DEFAULT_CHUNK, DEFAULT_RATE
+from hf_flexdemo.local_steps import partition
 from hf_flexdemo.replicate import dense_allreduce_bytes
 from hf_flexdemo.replicators import exchange_bytes
 from hf_flexdemo.tiny_t5 import T5_CONFIG_NAMES, T5_VOCAB_SIZE, named_t5_config
@@ -111,8 +115,9 @@ def bytes_per_rank(replicator: str, local_shapes: list[tuple[int, ...]], replica
     return dense_allreduce_bytes(sum(torch.Size(shape).numel() for shape in local_shapes), replicas, 4)
 
 
-def local_shard_shapes(config_name: str, shard_size: int) -> tuple[list[tuple[str, tuple[int, ...]]], int]:
-    """Rank 0's FSDP2 shard shape of every parameter of the named T5 (tied weights once), and the model's size."""
+def local_shard_shapes(config_name: str, shard_size: int) -> tuple[list[tuple[str, tuple[int, ...], int]], int]:
+    """Rank 0's FSDP2 shard shape and the full size of every parameter of the named T5 (tied weights once), and
+    the model's size."""
     from transformers import T5ForConditionalGeneration
 
     with torch.device("meta"):
@@ -120,9 +125,9 @@ def local_shard_shapes(config_name: str, shard_size: int) -> tuple[list[tuple[st
     shapes = []
     for name, parameter in model.named_parameters():  # named_parameters yields a tied weight once
         if parameter.dim() == 0 or shard_size == 1:
-            shapes.append((name, tuple(parameter.shape)))
+            shapes.append((name, tuple(parameter.shape), parameter.numel()))
         else:
-            shapes.append((name, tuple(parameter.chunk(shard_size, dim=0)[0].shape)))
+            shapes.append((name, tuple(parameter.chunk(shard_size, dim=0)[0].shape), parameter.numel()))
     return shapes, sum(p.numel() for p in model.parameters())
 
 
@@ -154,24 +159,34 @@ def main() -> None:
                              "float8 step-wise; bfloat16 for random, whose all-reduce adds values)")
     parser.add_argument("--local_steps", type=int, default=knobs.DEFAULTS["local_steps"],
                         help="H: FlexDeMo exchanges every H steps (package default); 1: the step-wise mode")
+    parser.add_argument("--outer_fragments", type=int, default=knobs.DEFAULTS["outer_fragments"],
+                        help="fragments of a round (default: the package's choice for --local_steps)")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "replicator_bytes.json")
     harness.add_provenance_flags(parser)
     args = parser.parse_args()
     if args.shard_size < 1 or min(args.nodes) < 1 or not 0 < args.rate <= 1 or args.chunk < 1 or args.local_steps < 1:
         parser.error("--shard_size, --nodes, --chunk and --local_steps must be >= 1 and --rate in (0, 1]")
+    knobs.validate({"local_steps": args.local_steps, "outer_fragments": args.outer_fragments, "overlap": "delayed",
+                    "outer_delay": 1})  # the fragments of a streamed round
     bench = harness.Run.start(args.out, args.allow_dirty)
     named_shapes, parameters = local_shard_shapes(args.config_name, args.shard_size)
-    shapes = [shape for _, shape in named_shapes]
+    shapes = [shape for _, shape, _ in named_shapes]
     nodes = sorted(set(args.nodes))
     steps = args.local_steps
+    fragments = knobs.resolve_outer_fragments(args.outer_fragments, steps, "delayed", 1)
+    where = partition([numel for _, _, numel in named_shapes], fragments)
+    rounds = [[shape for shape, f in zip(shapes, where) if f == fragment] for fragment in range(fragments)]
     demo_dtype = knobs.resolve_value_dtype(args.value_dtype, "demo", steps)
     random_dtype = knobs.resolve_value_dtype(  # an all-reduce adds values: scaled types cannot travel
         "auto" if args.value_dtype in knobs.SCALED_VALUE_DTYPES else args.value_dtype, "random", steps)
-    # per step: FlexDeMo's exchange once in H steps (amortised), AdamW-HSDP's all-reduce every step
-    table = {r: {m: bytes_per_rank(m, shapes, r, args.rate, args.chunk,
-                                   random_dtype if m == "random" else demo_dtype) / (1 if m == "adamw" else steps)
-                 for m in REPLICATORS}
-             for r in nodes}
+    def per_step(m: str, r: int) -> float:
+        """FlexDeMo's round (one exchange per fragment) once in H steps, amortised; AdamW-HSDP's every step."""
+        if m == "adamw":
+            return bytes_per_rank(m, shapes, r, args.rate, args.chunk)
+        value_dtype = random_dtype if m == "random" else demo_dtype
+        return sum(bytes_per_rank(m, part, r, args.rate, args.chunk, value_dtype) for part in rounds) / steps
+
+    table = {r: {m: per_step(m, r) for m in REPLICATORS} for r in nodes}
     numel = sum(torch.Size(s).numel() for s in shapes)
     for r in nodes:  # AdamW-HSDP reducing in bf16 (reduce_dtype="bfloat16"): the same all-reduce, 2-byte elements
         table[r]["adamw_bf16"] = dense_allreduce_bytes(numel, r, 2)
@@ -188,7 +203,7 @@ def main() -> None:
     grid = [r for r in nodes if r > 1]
     kept = kept_coefficients(shapes, args.rate, args.chunk)
     coefficients = sum(blocks * k for blocks, k, _ in kept)
-    payload = bytes_per_rank("demo", shapes, 2, args.rate, args.chunk, demo_dtype)
+    payload = sum(bytes_per_rank("demo", part, 2, args.rate, args.chunk, demo_dtype) for part in rounds)
     # demo = (R-1) P / H per step and dense = 8 n (R-1)/R in fp32 (4 n (R-1)/R in bf16), so demo >= dense exactly
     # when R >= 8 n H / P (R >= 4 n H / P).
     crossover_exact, bf16_crossover_exact = 8 * numel * steps / payload, 4 * numel * steps / payload
@@ -210,9 +225,10 @@ def main() -> None:
             "config_name": args.config_name, "vocab_size": T5_VOCAB_SIZE, "shard_size": args.shard_size,
             "nodes": nodes, "compression_rate": args.rate, "compression_chunk": args.chunk,
             "value_dtype": args.value_dtype, "resolved_value_dtypes": {"demo": demo_dtype, "random": random_dtype},
-            "local_steps": steps, "shard_of": "rank 0 (torch.chunk on dim 0, the largest shard)",
+            "local_steps": steps, "outer_fragments": fragments,
+            "shard_of": "rank 0 (torch.chunk on dim 0, the largest shard)",
         },
-        "formulas": {  # FlexDeMo's per exchange; per step divided by local_steps
+        "formulas": {  # FlexDeMo's per exchange, summed over a round's outer_fragments; per step divided by local_steps
             "demo": "(R-1) * (sum_params blocks*(min(ceil(block_numel/8), k*index_bytes)+k*value_bytes+scale_bytes)+1)",
             "random": "2*(R-1)*(sum_params blocks*k + 1)*value_bytes // R",
             "full": "2*(R-1)*(numel+1)*4 // R",
@@ -227,7 +243,7 @@ def main() -> None:
             "density": coefficients / numel,
             "demo_payload_bytes": payload,
             "bytes_per_kept_coefficient_demo": (payload - 1) / coefficients,  # less the 1-byte non-finite flag
-            "shapes": {name: list(shape) for name, shape in named_shapes},
+            "shapes": {name: list(shape) for name, shape, _ in named_shapes},
         },
         "rows": rows,
         "crossover": {

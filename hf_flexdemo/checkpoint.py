@@ -124,10 +124,10 @@ def check_resumable(checkpoint: str | os.PathLike, record: dict[str, Any],
     if "files" not in saved:
         raise ValueError(f"{checkpoint} was written before elastic resume ({TOPOLOGY_FILE} lists no rank files); "
                          f"accepted: resume it on its own topology; (saved, now) = {diff}.")
-    if saved["pending"]:
-        raise ValueError(f"{checkpoint} holds a pending delayed exchange (overlap='delayed'), whose bucketing depends "
-                         f"on the shard shapes; (saved, now) = {diff}. Accepted: resume it on its own topology, or "
-                         "take the checkpoint from a run with overlap='none' | 'backward'.")
+    if saved["pending"] and saved.get("local_steps", 1) == 1:  # local steps hold theirs per parameter (reshard)
+        raise ValueError(f"{checkpoint} holds a pending delayed exchange (overlap='delayed', local_steps=1), whose "
+                         f"bucketing depends on the shard shapes; (saved, now) = {diff}. Accepted: resume it on its "
+                         "own topology, or take the checkpoint from a run with overlap='none' | 'backward'.")
     return True
 
 

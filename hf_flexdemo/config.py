@@ -90,7 +90,7 @@ class FlexDeMoConfig:
     outer_lr: float = _knob("outer_lr")
     outer_momentum: float = _knob("outer_momentum")
     outer_delay: int = _knob("outer_delay")
-    outer_fragments: int = _knob("outer_fragments")
+    outer_fragments: int | None = _knob("outer_fragments")
     shard_size: int | None = field(
         default=None,
         metadata={"help": "Processes per node (FSDP group size). Default: from the launcher (accelerate's "

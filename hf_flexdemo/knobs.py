@@ -79,7 +79,7 @@ DEFAULTS: dict[str, Any] = {
     "outer_lr": 1.0,
     "outer_momentum": 0.0,
     "outer_delay": 1,
-    "outer_fragments": 1,
+    "outer_fragments": None,  # None: resolve_outer_fragments's choice (4 with the defaults)
 }
 PER_GROUP: tuple[str, ...] = ("lr", "weight_decay", "betas", "eps", "compression_rate", "compression_topk",
                               "compression_chunk", "compression_transform", "compression_decay",
@@ -127,13 +127,27 @@ def resolve_value_dtype(value_dtype: str, replicator: str, local_steps: int) -> 
     return "int2" if local_steps > 1 else "float8"
 
 
+def resolve_outer_fragments(fragments: int | None, local_steps: int, overlap: str, outer_delay: int) -> int:
+    """``outer_fragments=None``'s choice: with streamed local steps (``overlap`` resolved), the most fragments up to
+    4 that fit: the largest divisor F <= 4 of ``local_steps`` with ``outer_delay <= local_steps / F`` (at the
+    defaults, 4: the same loss as the whole model at once and the slow link hidden, README "Local steps"); 1
+    otherwise (step-wise, or waiting for each exchange); any other value as given."""
+    if fragments is not None:
+        return fragments
+    if local_steps == 1 or overlap != "delayed":
+        return 1
+    return max(f for f in range(1, 5) if local_steps % f == 0 and outer_delay <= local_steps // f)
+
+
 def resolve(values: dict[str, Any]) -> dict[str, Any]:
-    """``values`` with every ``"auto"`` knob replaced by its choice (``value_dtype``, ``overlap``), so that a
-    state_dict, a model card or a results JSON records what actually ran."""
+    """``values`` with every knob left to the package's choice (``"auto"``, or ``None`` for ``outer_fragments``)
+    replaced by that choice, so that a state_dict, a model card or a results JSON records what actually ran."""
     local = values["local_steps"]
-    overlap = values["overlap"]
+    overlap = ("delayed" if local > 1 else "none") if values["overlap"] == "auto" else values["overlap"]
     return {**values, "value_dtype": resolve_value_dtype(values["value_dtype"], values["replicator"], local),
-            "overlap": ("delayed" if local > 1 else "none") if overlap == "auto" else overlap}
+            "overlap": overlap,
+            "outer_fragments": resolve_outer_fragments(values["outer_fragments"], local, overlap,
+                                                       values["outer_delay"])}
 
 
 def check(ok: bool, name: str, value: Any, accepted: str) -> None:
@@ -187,8 +201,8 @@ def validate(knobs: Mapping[str, Any]) -> None:
         "outer_lr": (lambda v: _number(v) and v > 0, "a float > 0 (1.0: the anchor moves by the mean)"),
         "outer_momentum": (lambda v: _number(v) and 0.0 <= v < 1.0, "a float in [0, 1) (0: no outer momentum)"),
         "outer_delay": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "an int >= 1"),
-        "outer_fragments": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
-                            "an integer >= 1 (1: the whole model in one round)"),
+        "outer_fragments": (lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 1),
+                            "None (the package's choice) or an integer >= 1 (1: the whole model in one round)"),
     }
     for name, (ok, accepted) in ranges.items():
         if name in knobs:
@@ -226,7 +240,8 @@ def validate(knobs: Mapping[str, Any]) -> None:
 
 
 def _check_fragments(knobs: Mapping[str, Any]) -> None:
-    """``outer_fragments=F > 1`` against ``local_steps``, ``overlap`` and ``outer_delay`` (those present)."""
+    """``outer_fragments=F > 1`` against ``local_steps``, ``overlap`` and ``outer_delay`` (those present; ``None``
+    chooses an F that fits them)."""
     fragments, local, overlap, delay = (knobs.get(key) for key in ("outer_fragments", "local_steps", "overlap",
                                                                    "outer_delay"))
     if fragments in (None, 1):
@@ -317,7 +332,9 @@ HELP: dict[str, str] = {
                        "whose rounds are staggered by local_steps / outer_fragments steps (Streaming DiLoCo), so "
                        "each exchange carries about 1/outer_fragments of the payload and the link is busy evenly; "
                        "each fragment still syncs every local_steps steps. Must divide local_steps, with "
-                       "outer_delay <= local_steps / outer_fragments. 1: the whole model in one round.",
+                       "outer_delay <= local_steps / outer_fragments. 1: the whole model in one round. None (default): "
+                       "the largest divisor of local_steps up to 4 that leaves outer_delay <= local_steps / "
+                       "outer_fragments when streamed (4 at the defaults), else 1.",
 }
 PRESET_HELP = ("A named set of knob values applied to the knobs left at their default: default (the package's "
                "measured defaults: local_steps=4, int2 values, streamed), step-wise (local_steps=1: a compressed "

@@ -24,8 +24,9 @@ validation loss at H = 2 in a probe at commit 10e915a: each round then started w
 progress.) ``state_dict`` holds an exchange in flight as ``pending_delta``/``pending_update`` (4 more bytes
 per parameter until it lands).
 
-Fragments (``outer_fragments=F > 1``, streaming only, Streaming DiLoCo's): a round's whole payload may need longer
-on a slow link than the tau steps it has (0.30 s at 10 Mbit/s against one 0.13 s step on the bandwidth benchmark).
+Fragments (``outer_fragments=F > 1``, streaming only, Streaming DiLoCo's; 4 by default): a round's whole payload
+may need longer on a slow link than the tau steps it has (0.30 s at 10 Mbit/s against one 0.13 s step on the
+bandwidth benchmark).
 So the parameters are split into F fragments, balanced by size (:func:`partition` of the full element counts, the
 same on every rank), whose rounds are staggered: fragment f's ends after the steps ``done`` with ``done % H ==
 (f + 1) * H / F % H``, and only its stacks are exchanged then and landed tau steps later (the landing as above,

@@ -140,7 +140,7 @@ class FlexDeMo(Optimizer):
         outer_lr: float = _D["outer_lr"],
         outer_momentum: float = _D["outer_momentum"],
         outer_delay: int = _D["outer_delay"],
-        outer_fragments: int = _D["outer_fragments"],
+        outer_fragments: int | None = _D["outer_fragments"],
     ) -> None:
         given = knobs.apply_preset(preset, {key: value for key, value in locals().items() if key in DEFAULTS})
         knobs.validate(given)

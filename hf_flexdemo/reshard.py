@@ -12,7 +12,9 @@ State of two kinds moves between nodes differently:
   apply (``pending_update``), ``step`` (zeroed by ``reset`` where it counts per-node moments only) and the
   optimizer-wide counters;
 * per-node state differs between nodes (:func:`per_node_keys`): the error feedback ``delta``, the replica's
-  gradient moments, with local steps the inner AdamW's moments and the mid-round ``local`` shard. A
+  gradient moments, with local steps the inner AdamW's moments, the mid-round ``local`` shard and the error
+  feedback a streamed exchange in flight holds (``pending_delta``: relative to the ``local`` shard, so that it
+  moves with it). A
   :data:`~hf_flexdemo.config.ResumePolicy` says what a new node starts from: ``average`` (the mean over the old
   nodes), ``reset`` (zeros, as a fresh optimizer) or ``keep`` (new node ``n`` takes old node ``n``'s: only when
   the number of nodes is unchanged). With ``average`` and ``reset`` a mid-round ``local`` shard restarts from the
@@ -31,10 +33,13 @@ from .config import RESUME_POLICIES, ResumePolicy
 from .local_steps import LOCAL_KEY
 from .optimizer import MOMENT_KEYS
 
-# Keys that differ between nodes in every mode (the delayed exchange's candidates are refused before they get here).
+# Keys that differ between nodes in every mode (the step-wise delayed exchange's candidates are refused before
+# they get here).
 PER_NODE = ("delta", *MOMENT_KEYS, LOCAL_KEY)
-# Local steps: the inner AdamW runs on each node's own gradients, so its moments are per node too.
-LOCAL_STEPS_PER_NODE = ("exp_avg", "exp_avg_sq")
+# Local steps: the inner AdamW runs on each node's own gradients, so its moments are per node too, and so is the
+# error feedback a streamed exchange in flight holds until it lands (its consensus, ``pending_update``, is not).
+PENDING_DELTA = "pending_delta"
+LOCAL_STEPS_PER_NODE = ("exp_avg", "exp_avg_sq", PENDING_DELTA)
 
 
 def per_node_keys(options: dict[str, Any]) -> frozenset[str]:
@@ -103,6 +108,10 @@ def reshard_state_dict(states: Sequence[dict[str, Any]], *, old_shard_size: int,
     options = first.get("flexdemo", {}).get("options") or {}
     per_node = per_node_keys(options)
     update = {index: group.get("update") for group in first["param_groups"] for index in group["params"]}
+    def reshard(shards: list[Tensor], node_policy: ResumePolicy | None) -> Tensor:
+        return reshard_tensor(shards, old_shard_size=old_shard_size, rank=rank, shard_size=shard_size,
+                              replicate_size=replicate_size, policy=node_policy)
+
     new_state: dict[int, dict[str, Any]] = {}
     for index, saved in first["state"].items():
         entry: dict[str, Any] = {}
@@ -119,9 +128,14 @@ def reshard_state_dict(states: Sequence[dict[str, Any]], *, old_shard_size: int,
                 continue
             shards = [s["state"][index][key] for s in states]
             node_policy = policy if key in per_node else None
-            if key == LOCAL_KEY and policy != "keep":
+            restart = policy != "keep" and LOCAL_KEY in saved  # the local shard restarts from the anchor
+            if key == LOCAL_KEY and restart:
                 shards, node_policy = [s["state"][index]["anchor"] for s in states], None
-            entry[key] = reshard_tensor(shards, old_shard_size=old_shard_size, rank=rank, shard_size=shard_size,
-                                        replicate_size=replicate_size, policy=node_policy).to(value.dtype)
+            if key == PENDING_DELTA and restart:  # held as (error feedback + the local shard at its launch)
+                shards = [s["state"][index][key] - s["state"][index][LOCAL_KEY] for s in states]
+            entry[key] = reshard(shards, node_policy)
+            if key == PENDING_DELTA and restart:  # ... so it moves with the local shard: to the anchor
+                entry[key] = (entry[key] + reshard([s["state"][index]["anchor"] for s in states], None))
+            entry[key] = entry[key].to(value.dtype)
         new_state[index] = entry
     return {**first, "state": new_state}

@@ -124,21 +124,32 @@ def test_resume_on_another_topology_without_a_policy_is_refused_before_any_step(
 def test_local_steps_resume_on_fewer_nodes_mid_round(elastic):
     """local_steps=4, saved at step 10 (mid-round) on 2 x 2, resumed on 1 x 2 under average: the parameters are the
     checkpoint's weights, which are the anchor; the anchor reshards exactly; the error feedback and the inner
-    AdamW's moments are the old nodes' mean; the new replica's local values restart from the anchor."""
+    AdamW's moments are the old nodes' mean; the new replica's local values restart from the anchor; the exchange in
+    flight (one fragment's) carries over: its consensus exactly, its held error feedback as the nodes' mean."""
     runs, results = elastic
     result, checkpoint = results["2x2_local_to_1x2_average"], runs / "src_2x2_local" / "checkpoint-10"
     weights = safetensors.torch.load_file(checkpoint / "model.safetensors")
     for name, value in result["params_at_start"].items():
         assert torch.equal(value, weights[name]), name
+    in_flight = 0
     for index in result["state_at_start"]:
         anchor = _old_state(checkpoint, "anchor", index)[0]
-        for key in ("anchor", "local", "delta", "exp_avg", "exp_avg_sq"):
+        pending = ("pending_delta", "pending_update") if "pending_delta" in result["state_at_start"][index] else ()
+        in_flight += bool(pending)
+        for key in ("anchor", "local", "delta", "exp_avg", "exp_avg_sq", *pending):
             new_nodes = assemble([r["state_at_start"][index][key] for r in result["ranks"]], SHARD["1x2"])
             if key in ("delta", "exp_avg", "exp_avg_sq"):
                 want = torch.stack(_old_state(checkpoint, key, index)).mean(0)
+            elif key == "pending_delta":  # each node's held error feedback relative to its local shard, averaged,
+                relative = [held - local for held, local in zip(_old_state(checkpoint, key, index),
+                                                                _old_state(checkpoint, "local", index))]
+                want = torch.stack(relative).mean(0) + anchor  # ... around the local shard that restarts at the anchor
+            elif key == "pending_update":  # the consensus in flight: replicated, exact
+                want = _old_state(checkpoint, key, index)[0]
             else:
                 want = anchor.to(new_nodes[0].dtype)
             assert torch.equal(new_nodes[0], want), (index, key)
+    assert in_flight  # the defaults stream in 4 fragments: at step 10 one fragment's exchange is in flight
     losses = _losses(result)
     assert sorted(losses) == list(range(1, 21))
     assert sum(losses[s] for s in range(16, 21)) < sum(losses[s] for s in range(6, 11))  # training continues

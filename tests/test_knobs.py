@@ -76,13 +76,13 @@ def test_optimizer_wide_knobs_are_refused_in_a_param_group():
         FlexDeMo([{"params": [weight], "replicator": "full"}])
 
 
-STEP_WISE = {"local_steps": 1, "overlap": "none"}  # overlap="auto" resolves to "none" step-wise
+STEP_WISE = {"local_steps": 1, "overlap": "none", "outer_fragments": 1}  # "auto" and None resolve so step-wise
 PAPER = {**STEP_WISE, "momentum": "lr", "update": "sign", "consensus": "choosers", "value_dtype": "float32",
          "compression_decay": 0.999}
 
 
 @pytest.mark.parametrize(("preset", "documented"), [
-    ("default", {"local_steps": 4, "value_dtype": "int2", "overlap": "delayed"}),  # auto: int2, streamed
+    ("default", {"local_steps": 4, "value_dtype": "int2", "overlap": "delayed", "outer_fragments": 4}),  # resolved
     ("step-wise", {**STEP_WISE, "value_dtype": "float8"}),  # the defaults before local steps
     ("flexdemo-paper", {**PAPER, "compression_topk": 4, "compression_chunk": 8}),  # 4 of 64: the authors' 1/16
     ("demo-paper", {**PAPER, "compression_topk": 32, "compression_chunk": 64}),  # DeMo's 32 of 64 x 64

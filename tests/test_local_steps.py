@@ -160,9 +160,9 @@ EXACT = dict(replicator="none", compression_rate=1.0, compression_transform="non
 
 def _linear_run(lrs: list[float], **streaming) -> tuple[list[float], list[float]]:
     """One parameter of 4 zeros under the loss ``sum(p)``, local_steps=2 on the ``EXACT`` wire and outer SGD at
-    lr 1. The parameter and the anchor after each step."""
+    lr 1, the whole model in one round. The parameter and the anchor after each step."""
     p = nn.Parameter(torch.zeros(4))
-    opt = FlexDeMo([p], lr=lrs[0], local_steps=2, drift_check_every=0, **EXACT, **streaming)
+    opt = FlexDeMo([p], lr=lrs[0], local_steps=2, outer_fragments=1, drift_check_every=0, **EXACT, **streaming)
     params, anchors = [], []
     for lr in lrs:
         opt.param_groups[0]["lr"] = lr
@@ -220,11 +220,12 @@ def _state_of(opt: FlexDeMo) -> list[dict[str, torch.Tensor]]:
             for group in opt.param_groups for p in group["params"]]
 
 
-def test_one_fragment_is_the_default_bit_for_bit_and_two_are_not():
-    """``outer_fragments=1`` spelled out trains as the default over three rounds (parameters, every state tensor,
-    the traffic counters of every step); two fragments train otherwise (the knob reaches the schedule)."""
+def test_four_fragments_are_the_default_bit_for_bit_and_one_is_not():
+    """``outer_fragments=4`` spelled out trains as the default over three rounds (parameters, every state tensor,
+    the traffic counters of every step); the whole model in one round trains otherwise (the choice reaches the
+    schedule)."""
     runs = {}
-    for name, given in (("default", {}), ("one", {"outer_fragments": 1}), ("two", {"outer_fragments": 2})):
+    for name, given in (("default", {}), ("four", {"outer_fragments": 4}), ("one", {"outer_fragments": 1})):
         model = mlp()
         opt = FlexDeMo(model.parameters(), lr=1e-2, compression_chunk=8, drift_check_every=3, **given)
         stats = []
@@ -236,12 +237,28 @@ def test_one_fragment_is_the_default_bit_for_bit_and_two_are_not():
             opt.zero_grad()
             stats.append(opt.comm_stats)
         runs[name] = ([p.detach().clone() for p in model.parameters()], _state_of(opt), stats, opt.options)
-    (params, states, stats, options), (one_params, one_states, one_stats, one_options) = runs["default"], runs["one"]
-    assert options == one_options and options["outer_fragments"] == 1 and stats == one_stats
-    assert all(torch.equal(a, b) for a, b in zip(params, one_params))
-    for state, one in zip(states, one_states):
-        assert state.keys() == one.keys() and all(torch.equal(state[k], one[k]) for k in state)
-    assert not all(torch.equal(a, b) for a, b in zip(params, runs["two"][0]))
+    (params, states, stats, options), (four_params, four_states, four_stats, four_options) = (runs["default"],
+                                                                                            runs["four"])
+    assert options == four_options and options["outer_fragments"] == 4 and stats == four_stats
+    assert all(torch.equal(a, b) for a, b in zip(params, four_params))
+    for state, four in zip(states, four_states):
+        assert state.keys() == four.keys() and all(torch.equal(state[k], four[k]) for k in state)
+    assert not all(torch.equal(a, b) for a, b in zip(params, runs["one"][0]))
+
+
+@pytest.mark.parametrize(("given", "chosen"), [
+    ({}, 4), ({"local_steps": 8}, 4), ({"local_steps": 6}, 3), ({"local_steps": 2}, 2), ({"local_steps": 5}, 1),
+    ({"outer_delay": 2}, 2), ({"outer_delay": 3}, 1), ({"local_steps": 8, "outer_delay": 3}, 2),
+    ({"overlap": "none"}, 1), ({"local_steps": 1}, 1), ({"preset": "step-wise"}, 1), ({"outer_fragments": 2}, 2),
+])
+def test_fragments_left_to_the_package_are_the_most_up_to_4_that_fit(given, chosen):
+    """``outer_fragments=None`` (the default) picks the largest divisor F <= 4 of ``local_steps`` with
+    ``outer_delay <= local_steps / F`` when streamed, else 1, so that no setting that was valid before the default
+    changed is refused; the optimizer and the config record the choice."""
+    opt = FlexDeMo(mlp().parameters(), **given)
+    assert opt.options["outer_fragments"] == chosen
+    config = {("flexdemo_preset" if key == "preset" else key): value for key, value in given.items()}
+    assert FlexDeMoConfig(**config).outer_fragments == chosen
 
 
 def test_partition_puts_the_largest_first_into_the_least_loaded_fragment():
@@ -349,9 +366,8 @@ def test_fragments_resume_with_an_exchange_in_flight_bit_for_bit():
     ({"local_steps": 1, "outer_fragments": 2}, "outer_fragments", r"1 with local_steps=1 .*set local_steps=H > 1"),
     ({"local_steps": 4, "outer_fragments": 2, "overlap": "none"}, "outer_fragments",
      r"1 with overlap='none' \(fragments need the streamed exchange\); set overlap='delayed' or 'auto'"),
-    ({"outer_fragments": 2.0}, "outer_fragments", r"an integer >= 1"),
-    ({"outer_fragments": True}, "outer_fragments", r"an integer >= 1"),
-    ({"outer_fragments": 0}, "outer_fragments", r"an integer >= 1"),
+    *(({"outer_fragments": bad}, "outer_fragments", r"None \(the package's choice\) or an integer >= 1")
+      for bad in (2.0, True, 0)),
 ])
 def test_invalid_fragments_name_field_value_accepted_and_fix(given, field, accepted):
     value = given[field]
@@ -363,7 +379,7 @@ def test_invalid_fragments_name_field_value_accepted_and_fix(given, field, accep
 def test_config_carries_outer_fragments():
     config = FlexDeMoConfig(outer_fragments=2)
     assert config.optimizer_kwargs()["outer_fragments"] == 2 and config.overlap == "delayed"
-    assert knobs.DEFAULTS["outer_fragments"] == 1 and "outer_fragments" in knobs.OPTIMIZER_WIDE
+    assert knobs.DEFAULTS["outer_fragments"] is None and "outer_fragments" in knobs.OPTIMIZER_WIDE
 
 
 @pytest.mark.parametrize("knobs", [{"overlap": "none"}, {}, {"outer_delay": 2}, {"outer_delay": 4},

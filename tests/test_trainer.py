@@ -88,8 +88,8 @@ def test_incomplete_checkpoints_are_never_resumed(tmp_path):
 
 def test_resume_onto_another_topology_is_refused_without_a_policy(tmp_path):
     """Refused before any step, naming what differs (saved, now) and the policies that would allow it; ``keep``
-    only when the number of nodes stays; a pending delayed exchange, another method or a checkpoint without the
-    rank files are refused whatever the policy."""
+    only when the number of nodes stays; a pending step-wise delayed exchange, another method or a checkpoint
+    without the rank files are refused whatever the policy (a streamed exchange of local steps reshards)."""
     setup = {"world_size": 4, "shard_size": 2, "replicate_size": 2, "method": "flexdemo"}
     saved = {**setup, "files": [f"flexdemo_optimizer/rank{r:05d}.pt" for r in range(4)], "pending": False,
              "local_steps": 1, "params": [["w", [4, 4]]]}
@@ -112,9 +112,11 @@ def test_resume_onto_another_topology_is_refused_without_a_policy(tmp_path):
     with pytest.raises(ValueError, match=r"different setup; \(saved, now\) = \{'method': \('flexdemo', 'demo'\)\}"):
         checkpoint.check_resumable(path, {**setup, "method": "demo"}, "average")
     checkpoint.write_topology(path, {**saved, "pending": True})
-    with pytest.raises(ValueError, match=r"pending delayed exchange \(overlap='delayed'\).*Accepted: resume it on its "
-                                         "own topology"):
+    with pytest.raises(ValueError, match=r"pending delayed exchange \(overlap='delayed', local_steps=1\).*Accepted: "
+                                         "resume it on its own topology"):
         checkpoint.check_resumable(path, one_node, "average")
+    checkpoint.write_topology(path, {**saved, "pending": True, "local_steps": 4})  # held per parameter: reshards
+    assert checkpoint.check_resumable(path, one_node, "average") is True
     checkpoint.write_topology(path, setup)  # written before elastic resume
     with pytest.raises(ValueError, match="written before elastic resume"):
         checkpoint.check_resumable(path, one_node, "average")
@@ -179,7 +181,10 @@ def test_the_model_card_names_the_mode():
     assert training_mode(FlexDeMoConfig(overlap="none")) == (
         "local steps: 4 AdamW steps per node, then a compressed pseudo-gradient exchange (plain averaging with "
         "error feedback, outer lr 1)")
-    assert training_mode(FlexDeMoConfig()).endswith("outer lr 1, streamed: it lands 1 inner step(s) after it starts)")
+    assert training_mode(FlexDeMoConfig()).endswith("outer lr 1, streamed: it lands 1 inner step(s) after it starts, "
+                                                    "in 4 fragments whose rounds are staggered by 1 step(s))")
+    assert training_mode(FlexDeMoConfig(outer_fragments=1)).endswith(
+        "outer lr 1, streamed: it lands 1 inner step(s) after it starts)")
     assert "Nesterov outer momentum 0.9" in training_mode(FlexDeMoConfig(local_steps=8, outer_momentum=0.9))
     assert "lands 2 inner step(s) after" in training_mode(FlexDeMoConfig(local_steps=8, overlap="delayed",
                                                                           outer_delay=2))
