@@ -75,14 +75,15 @@ def test_resume_from_checkpoint_is_exact(straight, tmp_path):
             assert torch.equal(value, rank_resumed["params"][name]), name
 
 
-@pytest.mark.parametrize(("overlap", "save"), [("none", 10), ("delayed", 8)])
-def test_local_steps_resume_mid_round_is_exact_and_log_outer_rounds(tmp_path, overlap, save):
+@pytest.mark.parametrize(("overlap", "fragments", "save"), [("none", 1, 10), ("delayed", 1, 8), ("delayed", 0, 9)])
+def test_local_steps_resume_mid_round_is_exact_and_log_outer_rounds(tmp_path, overlap, fragments, save):
     """local_steps=4 for 18 steps (exchanges at 4, 8, 12, 16; streamed, each lands in the next step) with a
-    checkpoint mid-round, or streamed with the exchange of step 8 in flight: the resumed run's losses and
-    parameters equal the straight run's, the logs count the rounds and the amortised bytes, and the saved model
-    is the anchor, every node's last consensus, not one node's local values."""
+    checkpoint mid-round, or streamed with the exchange of step 8 in flight, or streamed in the default 4
+    fragments (one fragment's exchange every step) with the exchange of step 9 in flight: the resumed run's losses
+    and parameters equal the straight run's, the logs count the rounds and the amortised bytes, and the saved
+    model is the anchor, every node's last consensus, not one node's local values."""
     local = ("--steps", "18", "--logging_steps", "1", "--local_steps", "4", "--value_dtype", "int2", "--topk", "0",
-             "--overlap", overlap)
+             "--overlap", overlap, *(("--outer_fragments", str(fragments)) if fragments else ()))
     straight = tmp_path / "straight" / "run"
     ranks = run_worker("trainer_worker", 4, tmp_path / "straight", "--output_dir", str(straight),
                        "--save_steps", str(save), "--final_save", *local)
@@ -96,8 +97,9 @@ def test_local_steps_resume_mid_round_is_exact_and_log_outer_rounds(tmp_path, ov
     logs = [e for e in ranks[0]["log_history"] if "loss" in e]
     assert [e["flexdemo/outer_rounds"] for e in logs] == [step // 4 for step in range(1, 19)]
     sent = [e["flexdemo/bytes_sent"] for e in logs]
-    # the exchanges, and the drift check of step 1 (drift_check_every=100: the first point where replicas agree)
-    assert all((value > 0) == (step % 4 == 0 or step == 1) for step, value in zip(range(1, 19), sent))
+    # the exchanges, and the drift check of step 1 (drift_check_every=100: the first point where replicas agree);
+    # in fragments, one fragment's exchange every step
+    assert all((value > 0) == (step % 4 == 0 or step == 1 or not fragments) for step, value in zip(range(1, 19), sent))
     # step 18 is mid-round: the nodes' local values differ, their consensus does not, and it is what was saved
     assert not torch.equal(ranks[0]["logits"], ranks[2]["logits"])
     assert torch.equal(ranks[0]["consensus_logits"], ranks[2]["consensus_logits"])

@@ -59,12 +59,13 @@ def case_averaging(args) -> dict:
 
 def case_habits(args) -> dict:
     """Per step of rounds 2 and 3: the collectives and host syncs of ``step()`` and the traffic counters; after every
-    exchange the full parameters (gathered outside the observed step)."""
+    exchange the full parameters (gathered outside the observed step). The whole model in one round (fragments'
+    schedule: fragments_worker.py)."""
     shard_size = {"2x2": 2, "1x4": 1}[args.topology]
     model, group = sharded(shard_size)
     opt = FlexDeMo(model.parameters(), lr=1e-3, replicate_group=group, local_steps=int(args.local_steps),
                    compression_rate=0.25, compression_chunk=8, value_dtype=args.value_dtype, drift_check_every=0,
-                   overlap=args.overlap, outer_delay=int(args.outer_delay))
+                   overlap=args.overlap, outer_delay=int(args.outer_delay), outer_fragments=1)
     logs, stats, after_exchange = [], [], []
     for step in range(3 * int(args.local_steps)):  # the first round unobserved: it creates the state
         model(**batch(step, dist.get_rank())).loss.backward()

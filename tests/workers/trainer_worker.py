@@ -56,6 +56,7 @@ def main() -> None:
     parser.add_argument("--reduce_dtype", default="float32")
     parser.add_argument("--local_steps", type=int, default=1)
     parser.add_argument("--value_dtype", default="auto")
+    parser.add_argument("--outer_fragments", type=int, default=None, help="default: the package's choice")
     args = parser.parse_args()
 
     training_args = TrainingArguments(
@@ -69,7 +70,8 @@ def main() -> None:
     config = FlexDeMoConfig(method=args.method, compression_topk=args.topk or None, compression_chunk=8,
                             update=args.update, shard_size=args.shard_size or None, overlap=args.overlap,
                             bucket_cap_mb=args.bucket_cap_mb, reduce_dtype=args.reduce_dtype,
-                            local_steps=args.local_steps, value_dtype=args.value_dtype)
+                            local_steps=args.local_steps, value_dtype=args.value_dtype,
+                            outer_fragments=args.outer_fragments)
     model = tiny_t5()
     # Per optimizer step: whether every reduced gradient (this rank's shard) is exactly a bfloat16 value.
     bf16_exact_grads = []
