@@ -298,7 +298,7 @@ HELP: dict[str, str] = {
                "local steps streamed, see outer_delay). auto (the default): delayed with local_steps > 1, else none.",
     "bucket_cap_mb": "Exchange bucket size in MB of float32 local shards (DDP's bucket_cap_mb).",
     "budget_bytes": "Instead of a rate: the largest rate whose payload fits this many inter-node bytes per step "
-                    "and rank.",
+                    "and rank (with local_steps > 1: a round's bytes over its local_steps steps).",
     "budget_fraction": "Instead of a rate: the fraction of the step time the step may wait on the exchange (the "
                        "rate follows measured times, agreed by every rank).",
     "budget_min_rate": "Lowest rate a budget may choose.",

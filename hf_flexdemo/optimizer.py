@@ -302,14 +302,18 @@ class FlexDeMo(Optimizer):
         return self._plan
 
     def _bytes_at(self, rate: float) -> int:
-        """Inter-node bytes this rank sends per step at ``rate`` (the byte budget's equation)."""
-        return sum(
+        """Inter-node bytes this rank sends per step at ``rate`` (the byte budget's equation): every step's exchange,
+        or with local steps a round's (one exchange per fragment) over its ``local_steps`` steps, rounded up."""
+        fragments = [None] if self._local is None else [{id(p) for p in members} for members in self._local.members]
+        total = sum(
             exchange_bytes(self.options["replicator"],
-                           [tuple(local_shard(p).shape) for p in group["params"] if p.requires_grad],
+                           [tuple(local_shard(p).shape) for p in group["params"]
+                            if p.requires_grad and (fragment is None or id(p) in fragment)],
                            self.replicate.size, rate=rate, topk=None, chunk=group["compression_chunk"],
                            value_dtype=self.options["value_dtype"])
-            for group in self.param_groups
+            for fragment in fragments for group in self.param_groups
         )
+        return -(-total // self.options["local_steps"])
 
     def _kept(self, stack: Stack) -> int:
         if not self._replicator.compresses:

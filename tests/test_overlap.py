@@ -14,6 +14,7 @@ CASES = [
     "equal,replicator=demo", "equal,replicator=random", "equal,replicator=demo,micro=2",
     "accumulate_without_no_sync", "delayed,replicator=demo", "delayed,replicator=random",
     "budget_bytes,replicator=demo,budget=9000", "budget_bytes,replicator=random,budget=3000",
+    "budget_bytes_local,budget=1000",
     "budget_fraction,replicator=demo,fraction=0.001",
 ]
 
@@ -83,6 +84,22 @@ def test_byte_budget_picks_the_largest_rate_that_fits(suite, replicator, budget)
         assert result["sent"] == [result["formula"][rate]] * 3
         assert result["formula"][rate] <= budget
         assert result["formula"][min(rate * 1.05, 1.0)] > budget  # no larger rate fits
+
+
+def test_byte_budget_with_local_steps_counts_a_round_over_its_steps(suite):
+    """At the defaults (a round of 4 steps in 4 fragments), the budget bounds the bytes per step amortised over a
+    round, as the logs count them: every step sends one fragment's exchange, a round's sum fits 4 x the budget,
+    and no 5 % larger rate would."""
+    results = _case(suite, "budget_bytes_local,budget=1000")
+    for a, b in [(0, 2), (1, 3)]:
+        assert results[a]["rate"] == results[b]["rate"]
+    for result in results:
+        rate, formula = result["rate"], result["formula"]
+        assert result["fragments"] == 4 and 1 / 64 <= rate < 1 / 4
+        fragments = formula[rate]
+        # fragment f's round ends after step (f + 1) mod 4: steps 1..8 send fragments 0, 1, 2, 3, 0, 1, 2, 3
+        assert result["sent"] == fragments * 2
+        assert sum(fragments) <= 4 * 1000 < sum(formula[min(rate * 1.05, 1.0)])
 
 
 def test_time_budget_rate_is_agreed_and_moves_within_bounds(suite):
