@@ -201,7 +201,8 @@ def _method_description(config: FlexDeMoConfig) -> str:
         return "adamw (torch AdamW, dense gradient all-reduce)"
     kept = (f"top-{config.compression_topk}" if config.compression_topk is not None
             else f"rate {config.compression_rate or DEFAULT_RATE:g}")
-    rule = (f"{config.local_steps} local AdamW steps per exchange" if config.local_steps > 1
+    fragments = f" in {config.outer_fragments} fragments" if config.outer_fragments > 1 else ""
+    rule = (f"{config.local_steps} local AdamW steps per round{fragments}" if config.local_steps > 1
             else f"update {config.update}")  # local steps: the inner AdamW takes no update rule
     return (f"{config.method} ({rule}, replicator {config.replicator}, {kept} of {config.compression_chunk}-blocks "
             f"in {config.value_dtype})")
