@@ -242,7 +242,7 @@ def main() -> None:
             "kept_coefficients": coefficients,
             "density": coefficients / numel,
             "demo_payload_bytes": payload,
-            "bytes_per_kept_coefficient_demo": (payload - 1) / coefficients,  # less the 1-byte non-finite flag
+            "bytes_per_kept_coefficient_demo": (payload - fragments) / coefficients,  # less each exchange's flag
             "shapes": {name: list(shape) for name, shape, _ in named_shapes},
         },
         "rows": rows,
