@@ -27,12 +27,15 @@ barrier before each step. A step's time is the slowest rank's. Methods, in this 
 * ``flexdemo_sharded``: the step-wise ``FlexDeMo`` on FSDP2 shards (``build_hybrid_mesh(shard_size=2)``, one node:
   no exchange, the compression's compute alone).
 
-``--nproc N`` launches N ranks instead of 2. With one rank FlexDeMo's replicate group has size 1: the exchange is
-skipped, compression and decode still run (the step's compute cost); ``flexdemo_sharded`` is skipped (nothing to
-shard) and the JSON says so (``methods_skipped``). ``--device cuda`` puts rank r on ``cuda:{LOCAL_RANK %
-device_count}`` over NCCL (one GPU per rank: ``--nproc`` may not exceed the GPUs), times each step between
-``torch.cuda.synchronize()`` calls (the optimizer itself never synchronizes), profiles CUDA activity too and
-records the GPU, CUDA and NCCL (``cuda``); a ``reference`` that fails there is skipped with the error as reason.
+``--flexdemo FIELD=VALUE ...`` (``FlexDeMoConfig`` fields, as the other drivers take them) changes the ``flexdemo``
+method's knobs from the package defaults, e.g. ``--flexdemo local_steps=8``; the JSON records them
+(``settings.flexdemo``). ``--nproc N`` launches N ranks instead of 2. With one rank FlexDeMo's replicate group has
+size 1: the exchange is skipped, compression and decode still run (the step's compute cost); ``flexdemo_sharded`` is
+skipped (nothing to shard) and the JSON says so (``methods_skipped``). ``--device cuda`` puts rank r on
+``cuda:{LOCAL_RANK % device_count}`` over NCCL (one GPU per rank: ``--nproc`` may not exceed the GPUs), times each
+step between ``torch.cuda.synchronize()`` calls (the optimizer itself never synchronizes), profiles CUDA activity
+too and records the GPU, CUDA and NCCL (``cuda``); a ``reference`` that fails there is skipped with the error as
+reason.
 
     python benchmarks/optimizer_step.py                              # T5-small shape (60.5 M), a few minutes
     python benchmarks/optimizer_step.py --model tiny --steps 3       # smoke, seconds
@@ -163,7 +166,9 @@ def measure(method: str, args: argparse.Namespace) -> dict[str, Any]:
                               replication_parallel_group=dist.group.WORLD)
     else:
         group = None if method == "flexdemo_sharded" else dist.group.WORLD
-        optimizer = FlexDeMo(params, lr=LR, replicate_group=group, preset=PRESETS[method], **KNOBS.get(method, {}))
+        knobs = {**KNOBS.get(method, {}), **(harness.parse_flexdemo(harness.flexdemo_flags(args.flexdemo))[1]
+                                             if method == "flexdemo" else {})}
+        optimizer = FlexDeMo(params, lr=LR, replicate_group=group, preset=PRESETS[method], **knobs)
     # whole rounds: every exchange counted
     rounds = optimizer.options["local_steps"] if method.startswith("flexdemo") else 1
     warmup, steps = (-(-n // rounds) * rounds for n in (args.warmup, args.steps))
@@ -379,7 +384,8 @@ def driver(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "ranks.json"
         launch = harness.torchrun([__file__, "--model", args.model, "--steps", args.steps, "--warmup", args.warmup,
-                                   "--device", args.device, "--worker", out], args.nproc)
+                                   "--device", args.device, "--worker", out,
+                                   *(("--flexdemo", *args.flexdemo) if args.flexdemo else ())], args.nproc)
         job = harness.run_job([launch], [Path(tmp) / "ranks.log"], args.timeout_s, env, expect=out)
         if job["status"] != harness.OK:
             sys.exit(f"[optimizer_step] ranks {job['status']} (exit codes {job['returncodes']}):\n"
@@ -430,7 +436,7 @@ def driver(args: argparse.Namespace) -> None:
         "warmup_steps": args.warmup,
         "timed_steps": args.steps,
         "settings": {"lr": LR, "compression_rate": DEFAULT_RATE, "compression_chunk": CHUNK, "reference_topk": TOPK,
-                     "presets": PRESETS, "knobs": KNOBS,
+                     "presets": PRESETS, "knobs": KNOBS, "flexdemo": args.flexdemo,
                      "flexdemo_local_steps": ranks["flexdemo"][0]["local_steps"],
                      "flexdemo_step_wise_update": inspect.signature(FlexDeMo).parameters["update"].default,
                      # as the optimizers resolved them
@@ -483,6 +489,8 @@ def main() -> None:
                         help="ranks (torchrun --nproc_per_node); 1: no exchange, no sharded method")
     parser.add_argument("--out", type=Path, help="results JSON (default benchmarks/results/optimizer_step*.json)")
     parser.add_argument("--timeout_s", type=float, default=3600.0, help="kill the ranks after this many seconds")
+    harness.add_flexdemo_flag(parser, "FlexDeMoConfig fields for the flexdemo method (default: the package "
+                                      "defaults), e.g. --flexdemo local_steps=8")
     harness.add_provenance_flags(parser)
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # set by the driver for the torchrun ranks
     args = parser.parse_args()
