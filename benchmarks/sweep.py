@@ -217,6 +217,9 @@ GRIDS: dict[str, dict[str, Any]] = {
               for seed in ({}, {"seed": 7})),
             # ... and rounds twice as long in 4 fragments: half the bytes and half the exchange's compute per step
             *(_local(8, overlap="delayed", outer_delay=1, outer_fragments=4, **seed) for seed in ({}, {"seed": 7})),
+            # ... without the DCT (no transforms: the step cost target, 1.32 x AdamW's step measured)
+            *(_local(8, overlap="delayed", outer_delay=1, outer_fragments=4, compression_transform="none", **seed)
+              for seed in ({}, {"seed": 7})),
         ],
     },
 }
