@@ -181,8 +181,10 @@ GRIDS: dict[str, dict[str, Any]] = {
             *(_local(4, overlap="delayed", outer_delay=1, **seed) for seed in ({}, {"seed": 7})),  # streaming
             # ... by fragments: a quarter of the model's round ends every step
             *(_local(4, overlap="delayed", outer_delay=1, outer_fragments=4, **seed) for seed in ({}, {"seed": 7})),
-            # ... and rounds of 8 steps in 4 fragments (one fragment's round ends every other step)
-            *(_local(8, overlap="delayed", outer_delay=1, outer_fragments=4, **seed) for seed in ({}, {"seed": 7})),
+            # ... and rounds of 8 steps in 4 fragments (one fragment's round ends every other step), with and without
+            # the DCT
+            *(_local(8, overlap="delayed", outer_delay=1, outer_fragments=4, **transform, **seed)
+              for transform in ({}, {"compression_transform": "none"}) for seed in ({}, {"seed": 7})),
         ],
     },
     # At the package defaults: "delayed" is one step stale. ("backward" is "none"'s update, bit for bit, tested
