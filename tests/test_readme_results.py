@@ -191,15 +191,19 @@ def test_the_local_steps_1000_step_table_is_the_json():
     data = result("sweep_local_long")
     runs = [run for run in data["runs"].values() if run["status"] == "ok"]
     final = {(run["method"], run["knobs"].get("local_steps", 1), run["knobs"].get("overlap", "none"),
-              run["knobs"].get("outer_fragments", 1), run["knobs"].get("seed", 42)): run["curve"][-1]["eval_loss"]
-             for run in runs}
-    for steps, overlap, fragments in ((4, "none", 1), (4, "delayed", 1), (4, "delayed", 4), (8, "delayed", 4)):
-        losses = [final["flexdemo", steps, overlap, fragments, seed] for seed in (42, 7)]
-        gaps = [100 * (loss / final["adamw", 1, "none", 1, seed] - 1) for loss, seed in zip(losses, (42, 7))]
+              run["knobs"].get("outer_fragments", 1), run["knobs"].get("compression_transform", "dct"),
+              run["knobs"].get("seed", 42)): run["curve"][-1]["eval_loss"] for run in runs}
+    for steps, overlap, fragments, transform in ((4, "none", 1, "dct"), (4, "delayed", 1, "dct"),
+                                                 (4, "delayed", 4, "dct"), (8, "delayed", 4, "dct"),
+                                                 (8, "delayed", 4, "none")):
+        losses = [final["flexdemo", steps, overlap, fragments, transform, seed] for seed in (42, 7)]
+        gaps = [100 * (loss / final["adamw", 1, "none", 1, "dct", seed] - 1) for loss, seed in zip(losses, (42, 7))]
         row = (f"| {losses[0]:.3f} | {losses[1]:.3f} | {gaps[0]:+.2f} % | {gaps[1]:+.2f} % | "
                f"**{sum(gaps) / 2:+.2f} %** |")
         assert row in README, (overlap, fragments)
-        if steps == 8:
+        if steps == 8 and transform == "none":
+            assert f"without the DCT {sum(gaps) / 2:+.2f} % at 1,000 steps" in README
+        elif steps == 8:
             assert f"rounds of 8 steps in 4 fragments are {sum(gaps) / 2:+.2f} % at 1,000 steps" in README
         elif overlap == "none":
             assert f"(waiting for each\nwhole-model exchange: {sum(gaps) / 2:+.2f} %;" in README
@@ -208,7 +212,8 @@ def test_the_local_steps_1000_step_table_is_the_json():
         else:
             assert f"parity (≤ 2 %, mean of two seeds) is met by the defaults: {sum(gaps) / 2:+.2f} %" in README
             assert f"at 1,000 steps F = 4 is {sum(gaps) / 2:+.2f} % against" in README
-    assert f"| AdamW-HSDP | {final['adamw', 1, 'none', 1, 42]:.3f} | {final['adamw', 1, 'none', 1, 7]:.3f} |" in README
+    adamw = [final["adamw", 1, "none", 1, "dct", seed] for seed in (42, 7)]
+    assert f"| AdamW-HSDP | {adamw[0]:.3f} | {adamw[1]:.3f} |" in README
 
 
 def test_the_local_time_to_target_figures_are_the_json():
@@ -289,6 +294,10 @@ def test_the_rounds_of_8_figures_are_the_json():
     links = {row["link_mbit"]: row["step_over_compute_only"] for row in result("bandwidth_rounds_of_8")["rows"]
              if row["method"] == "flexdemo"}
     assert f"10 Mbit/s step {links[10]:.2f} × compute-only, 100 Mbit/s {links[100]:.2f} ×" in README
+    bare = result("optimizer_step_rounds_of_8_no_transform")
+    assert bare["settings"]["flexdemo"] == ["local_steps=8", "compression_transform=none"]
+    ratio = bare["ratios"]["flexdemo/adamw (mean)"]
+    assert ratio <= 1.5 and f"measures {ratio:.2f} × AdamW's mean step, the only" in README
 
 
 def test_the_compile_probe_table_is_the_json():
