@@ -108,6 +108,7 @@ def reshard_state_dict(states: Sequence[dict[str, Any]], *, old_shard_size: int,
     options = first.get("flexdemo", {}).get("options") or {}
     per_node = per_node_keys(options)
     update = {index: group.get("update") for group in first["param_groups"] for index in group["params"]}
+
     def reshard(shards: list[Tensor], node_policy: ResumePolicy | None) -> Tensor:
         return reshard_tensor(shards, old_shard_size=old_shard_size, rank=rank, shard_size=shard_size,
                               replicate_size=replicate_size, policy=node_policy)
@@ -115,6 +116,9 @@ def reshard_state_dict(states: Sequence[dict[str, Any]], *, old_shard_size: int,
     new_state: dict[int, dict[str, Any]] = {}
     for index, saved in first["state"].items():
         entry: dict[str, Any] = {}
+        # A mid-round local shard restarts from the anchor (unless ``keep``): this rank's shard of it, once.
+        restart = policy != "keep" and LOCAL_KEY in saved
+        anchor = reshard([s["state"][index]["anchor"] for s in states], None) if restart else None
         # ``step`` is the bias correction of the moments it counts: where those are all per node (the inner AdamW
         # of local steps; the replica's gradient moments unless the update keeps an AdamW of the consensus), a
         # reset restarts it with them, as a fresh optimizer would.
@@ -126,16 +130,15 @@ def reshard_state_dict(states: Sequence[dict[str, Any]], *, old_shard_size: int,
             if key == "step" and policy == "reset" and step_per_node:
                 entry[key] = torch.zeros_like(value)
                 continue
-            shards = [s["state"][index][key] for s in states]
             node_policy = policy if key in per_node else None
-            restart = policy != "keep" and LOCAL_KEY in saved  # the local shard restarts from the anchor
             if key == LOCAL_KEY and restart:
-                shards, node_policy = [s["state"][index]["anchor"] for s in states], None
-            if key == PENDING_DELTA and restart:  # held as (error feedback + the local shard at its launch)
-                shards = [s["state"][index][key] - s["state"][index][LOCAL_KEY] for s in states]
-            entry[key] = reshard(shards, node_policy)
-            if key == PENDING_DELTA and restart:  # ... so it moves with the local shard: to the anchor
-                entry[key] = (entry[key] + reshard([s["state"][index]["anchor"] for s in states], None))
-            entry[key] = entry[key].to(value.dtype)
+                new = anchor
+            elif key == PENDING_DELTA and restart:  # held as (error feedback + the local shard at its launch): the
+                # policy applies to the feedback, which then moves with the local shard to the anchor
+                new = reshard([s["state"][index][key] - s["state"][index][LOCAL_KEY] for s in states], node_policy)
+                new = new + anchor
+            else:
+                new = reshard([s["state"][index][key] for s in states], node_policy)
+            entry[key] = new.to(value.dtype)
         new_state[index] = entry
     return {**first, "state": new_state}
