@@ -179,6 +179,7 @@ def main() -> None:
     demo_dtype = knobs.resolve_value_dtype(args.value_dtype, "demo", steps)
     random_dtype = knobs.resolve_value_dtype(  # an all-reduce adds values: scaled types cannot travel
         "auto" if args.value_dtype in knobs.SCALED_VALUE_DTYPES else args.value_dtype, "random", steps)
+
     def per_step(m: str, r: int) -> float:
         """FlexDeMo's round (one exchange per fragment) once in H steps, amortised; AdamW-HSDP's every step."""
         if m == "adamw":
