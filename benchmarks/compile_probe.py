@@ -1,7 +1,7 @@
 """Probe: does ``torch.compile`` (inductor, CPU) make the local-steps exchange's compute cheaper, per phase?
 
-At the package defaults (``local_steps=4``, ``replicator="demo"``, int2 values, rate ``DEFAULT_RATE`` of
-``DEFAULT_CHUNK``-sided blocks) a round's exchange costs about 1.9 s of CPU on T5-small
+At the local-steps defaults of its run (56e2dc3: ``local_steps=4``, ``replicator="demo"``, the DCT, int2 values,
+rate ``DEFAULT_RATE`` of ``DEFAULT_CHUNK``-sided blocks) a round's exchange costs about 1.9 s of CPU on T5-small
 (``benchmarks/optimizer_step.py``'s profile: compress ~1.1 s, decode ~0.44 s); the step ratio target (<= 1.5x AdamW)
 needs it under ~1.0 s. Inductor fuses elementwise chains on CPU as on GPU, so this measures what it saves on the
 phases the optimizer runs on a stack of equal-shaped parameters, each phase written with the package's own functions

@@ -6,16 +6,16 @@ gradients (seeded per rank) on its parameters and times ``optimizer.step()`` alo
 barrier before each step. A step's time is the slowest rank's. Methods, in this order:
 
 * ``adamw``: ``torch.optim.AdamW`` with torch's defaults, local (no communication);
-* ``flexdemo``: ``FlexDeMo`` at the package defaults (local steps: four inner AdamW steps per round, the
-  pseudo-gradient's rate ``DEFAULT_RATE`` of ``DEFAULT_CHUNK``-sided blocks in int2, streamed in 4 fragments: one
-  fragment's exchange every step), plain tensors,
+* ``flexdemo``: ``FlexDeMo`` at the package defaults (local steps: eight inner AdamW steps per round, the
+  pseudo-gradient's rate ``DEFAULT_RATE`` of ``DEFAULT_CHUNK``-sided blocks of its values in int2, streamed in 4
+  fragments: one fragment's exchange every other step), plain tensors,
   the 2 ranks are 2 replicas (shard size 1, replicate group = world: DDP style). Its warm-up and timed steps are
   whole rounds (rounded up to multiples of ``local_steps``) and its figure is the **mean** step over them (a
   median would hide the exchange step), against AdamW's mean. After the timed steps one more round runs under
   ``torch.profiler`` on rank 0: the time of each ``FlexDeMo::`` phase and of the costliest operators go in the
   JSON (``profile_flexdemo_rank0``, seconds per round);
 * ``flexdemo_one_round``: the defaults with the whole model in one round (``outer_fragments=1``, the default
-  before fragments): three inner steps, then a step that compresses and sends it all; timed as ``flexdemo``;
+  before fragments): seven inner steps, then a step that compresses and sends it all; timed as ``flexdemo``;
 * ``flexdemo_step_wise``: ``FlexDeMo(preset="step-wise")``, the exchange of the compressed momentum every step
   (float8 values; the default before local steps), DDP style, profiled as ``flexdemo`` for one step
   (``profile_flexdemo_step_wise_rank0``);

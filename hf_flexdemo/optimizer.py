@@ -1,6 +1,6 @@
 """FlexDeMo: decoupled-momentum optimisation across nodes, on top of FSDP2 shards.
 
-By default (``local_steps=4``) every node takes local AdamW steps and exchanges the pseudo-gradient once a
+By default (``local_steps=8``) every node takes local AdamW steps and exchanges the pseudo-gradient once a
 round, streamed (:mod:`hf_flexdemo.local_steps`, which reuses this module's exchange). With ``local_steps=1``
 (``preset="step-wise"``) the exchange runs every step; per step and per parameter shard (``g`` already
 averaged over the node by FSDP):
@@ -147,10 +147,12 @@ class FlexDeMo(Optimizer):
         if all(given[key] is None for key in ("compression_rate", "compression_topk", "budget_bytes",
                                               "budget_fraction")):
             given["compression_rate"] = DEFAULT_RATE
-        super().__init__(params, {key: given[key] for key in PER_GROUP})
         given = knobs.resolve(given)  # once, so that state_dict records the wire and schedule actually used
+        super().__init__(params, {key: given[key] for key in PER_GROUP})
         self.options: dict[str, Any] = {key: given[key] for key in OPTIMIZER_WIDE}
         for group in self.param_groups:
+            group["compression_transform"] = knobs.resolve_transform(group["compression_transform"],
+                                                                     self.options["local_steps"])  # a group's "auto"
             wide = sorted(set(group) & set(OPTIMIZER_WIDE))
             check(not wide, "param group keys", wide, f"per-group knobs only ({', '.join(PER_GROUP)}); pass "
                   "optimizer-wide knobs to FlexDeMo(...) itself: they hold for every parameter group")

@@ -79,8 +79,9 @@ def training_mode(config: FlexDeMoConfig) -> str:
                  f"{config.local_steps // config.outer_fragments} step(s)" if config.outer_fragments > 1 else "")
     streaming = (f", streamed: it lands {config.outer_delay} inner step(s) after it starts{fragments}"
                  if config.overlap == "delayed" else "")
+    selected = "DCT coefficients" if config.compression_transform == "dct" else "values"
     return (f"local steps: {config.local_steps} AdamW steps per node, then a compressed pseudo-gradient "
-            f"exchange ({outer}, outer lr {config.outer_lr:g}{streaming})")
+            f"exchange (top-k of its {selected}, {outer}, outer lr {config.outer_lr:g}{streaming})")
 
 
 class FlexDeMoTrainer(Trainer):

@@ -204,8 +204,9 @@ def _method_description(config: FlexDeMoConfig) -> str:
     fragments = f" in {config.outer_fragments} fragments" if config.outer_fragments > 1 else ""
     rule = (f"{config.local_steps} local AdamW steps per round{fragments}" if config.local_steps > 1
             else f"update {config.update}")  # local steps: the inner AdamW takes no update rule
-    return (f"{config.method} ({rule}, replicator {config.replicator}, {kept} of {config.compression_chunk}-blocks "
-            f"in {config.value_dtype})")
+    blocks = "DCT blocks" if config.compression_transform == "dct" else "blocks"
+    return (f"{config.method} ({rule}, replicator {config.replicator}, {kept} of {config.compression_chunk}-sided "
+            f"{blocks} in {config.value_dtype})")
 
 
 def run_summary(

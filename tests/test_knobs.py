@@ -76,13 +76,15 @@ def test_optimizer_wide_knobs_are_refused_in_a_param_group():
         FlexDeMo([{"params": [weight], "replicator": "full"}])
 
 
-STEP_WISE = {"local_steps": 1, "overlap": "none", "outer_fragments": 1}  # "auto" and None resolve so step-wise
+STEP_WISE = {"local_steps": 1, "overlap": "none", "outer_fragments": 1,  # "auto" and None resolve so step-wise
+             "compression_transform": "dct"}
 PAPER = {**STEP_WISE, "momentum": "lr", "update": "sign", "consensus": "choosers", "value_dtype": "float32",
          "compression_decay": 0.999}
 
 
 @pytest.mark.parametrize(("preset", "documented"), [
-    ("default", {"local_steps": 4, "value_dtype": "int2", "overlap": "delayed", "outer_fragments": 4}),  # resolved
+    ("default", {"local_steps": 8, "value_dtype": "int2", "overlap": "delayed", "outer_fragments": 4,  # resolved
+                 "compression_transform": "none"}),
     ("step-wise", {**STEP_WISE, "value_dtype": "float8"}),  # the defaults before local steps
     ("flexdemo-paper", {**PAPER, "compression_topk": 4, "compression_chunk": 8}),  # 4 of 64: the authors' 1/16
     ("demo-paper", {**PAPER, "compression_topk": 32, "compression_chunk": 64}),  # DeMo's 32 of 64 x 64
@@ -123,6 +125,6 @@ def test_one_local_step_alone_is_the_step_wise_preset():
     ({"budget_fraction": 0.1}, "budget_fraction", "a time budget needs local_steps=1"),
 ])
 def test_step_wise_knobs_at_the_default_local_steps_name_the_fix(given, field, fix):
-    with pytest.raises(ValueError, match=rf"invalid {field}=.*accepted:.*local_steps=4.*{fix} \(preset='step-wise'\)"):
+    with pytest.raises(ValueError, match=rf"invalid {field}=.*accepted:.*local_steps=8.*{fix} \(preset='step-wise'\)"):
         FlexDeMoConfig(**given)
     FlexDeMoConfig(**given, flexdemo_preset="step-wise")

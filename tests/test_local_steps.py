@@ -93,7 +93,7 @@ def test_config_carries_the_local_steps_knobs():
     config = FlexDeMoConfig(local_steps=4, outer_lr=0.7, outer_momentum=0.9, value_dtype="int2")
     assert {k: config.optimizer_kwargs()[k] for k in ("local_steps", "outer_lr", "outer_momentum")} == {
         "local_steps": 4, "outer_lr": 0.7, "outer_momentum": 0.9}
-    assert knobs.DEFAULTS["local_steps"] == 4 and "local_steps" in knobs.OPTIMIZER_WIDE
+    assert knobs.DEFAULTS["local_steps"] == 8 and "local_steps" in knobs.OPTIMIZER_WIDE
 
 
 @pytest.mark.parametrize("value_dtype", WIDTHS)
@@ -248,7 +248,8 @@ def test_four_fragments_are_the_default_bit_for_bit_and_one_is_not():
 
 @pytest.mark.parametrize(("given", "chosen"), [
     ({}, 4), ({"local_steps": 8}, 4), ({"local_steps": 6}, 3), ({"local_steps": 2}, 2), ({"local_steps": 5}, 1),
-    ({"outer_delay": 2}, 2), ({"outer_delay": 3}, 1), ({"local_steps": 8, "outer_delay": 3}, 2),
+    ({"outer_delay": 2}, 4), ({"outer_delay": 3}, 2), ({"local_steps": 4, "outer_delay": 2}, 2),
+    ({"local_steps": 4, "outer_delay": 3}, 1),
     ({"overlap": "none"}, 1), ({"local_steps": 1}, 1), ({"preset": "step-wise"}, 1), ({"outer_fragments": 2}, 2),
 ])
 def test_fragments_left_to_the_package_are_the_most_up_to_4_that_fit(given, chosen):
@@ -259,6 +260,26 @@ def test_fragments_left_to_the_package_are_the_most_up_to_4_that_fit(given, chos
     assert opt.options["outer_fragments"] == chosen
     config = {("flexdemo_preset" if key == "preset" else key): value for key, value in given.items()}
     assert FlexDeMoConfig(**config).outer_fragments == chosen
+
+
+@pytest.mark.parametrize(("given", "chosen"), [
+    ({}, "none"), ({"local_steps": 2}, "none"), ({"local_steps": 1}, "dct"), ({"preset": "step-wise"}, "dct"),
+    ({"compression_transform": "dct"}, "dct"), ({"local_steps": 1, "compression_transform": "none"}, "none"),
+])
+def test_transform_left_to_the_package_is_none_with_local_steps_and_dct_step_wise(given, chosen):
+    """``compression_transform="auto"`` (the default) resolves once, from ``local_steps``, in the optimizer's
+    groups, its defaults (a later ``add_param_group``) and the config."""
+    opt = FlexDeMo(mlp().parameters(), **given)
+    assert opt.param_groups[0]["compression_transform"] == opt.defaults["compression_transform"] == chosen
+    config = {("flexdemo_preset" if key == "preset" else key): value for key, value in given.items()}
+    assert FlexDeMoConfig(**config).compression_transform == chosen
+
+
+def test_a_groups_own_auto_transform_resolves_too():
+    first, second = list(mlp().parameters())[:2]
+    opt = FlexDeMo([{"params": [first]}, {"params": [second], "compression_transform": "auto"}], local_steps=1,
+                   compression_transform="none")
+    assert [group["compression_transform"] for group in opt.param_groups] == ["none", "dct"]
 
 
 def test_partition_puts_the_largest_first_into_the_least_loaded_fragment():

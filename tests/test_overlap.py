@@ -87,19 +87,19 @@ def test_byte_budget_picks_the_largest_rate_that_fits(suite, replicator, budget)
 
 
 def test_byte_budget_with_local_steps_counts_a_round_over_its_steps(suite):
-    """At the defaults (a round of 4 steps in 4 fragments), the budget bounds the bytes per step amortised over a
-    round, as the logs count them: every step sends one fragment's exchange, a round's sum fits 4 x the budget,
-    and no 5 % larger rate would."""
+    """At the defaults (a round of 8 steps in 4 fragments), the budget bounds the bytes per step amortised over a
+    round, as the logs count them: every other step sends one fragment's exchange, a round's sum fits 8 x the
+    budget, and no 5 % larger rate would."""
     results = _case(suite, "budget_bytes_local,budget=1000")
     for a, b in [(0, 2), (1, 3)]:
         assert results[a]["rate"] == results[b]["rate"]
     for result in results:
         rate, formula = result["rate"], result["formula"]
-        assert result["fragments"] == 4 and 1 / 64 <= rate < 1 / 4
+        assert (result["local_steps"], result["fragments"]) == (8, 4) and 1 / 64 <= rate < 1 / 4
         fragments = formula[rate]
-        # fragment f's round ends after step (f + 1) mod 4: steps 1..8 send fragments 0, 1, 2, 3, 0, 1, 2, 3
-        assert result["sent"] == fragments * 2
-        assert sum(fragments) <= 4 * 1000 < sum(formula[min(rate * 1.05, 1.0)])
+        # fragment f's round ends after step 2 (f + 1) mod 8: steps 1..8 send nothing, 0, nothing, 1, ..., 3
+        assert result["sent"] == [sent for fragment in fragments for sent in (0, fragment)]
+        assert sum(fragments) <= 8 * 1000 < sum(formula[min(rate * 1.05, 1.0)])
 
 
 def test_time_budget_rate_is_agreed_and_moves_within_bounds(suite):

@@ -119,9 +119,10 @@ def test_builtin_learning_rate_follows_the_update_rule(argv: list[str], lr: floa
 def test_the_summary_names_the_mode_and_the_wire() -> None:
     describe = recipe._method_description
     assert describe(parse("translation")[3]) == (
-        "flexdemo (4 local AdamW steps per round in 4 fragments, replicator demo, rate 0.25 of 32-blocks in int2)")
+        "flexdemo (8 local AdamW steps per round in 4 fragments, replicator demo, rate 0.25 of 32-sided blocks in "
+        "int2)")
     assert describe(parse("translation", "--local_steps", "1")[3]) == (
-        "flexdemo (update sgd, replicator demo, rate 0.25 of 32-blocks in float8)")
+        "flexdemo (update sgd, replicator demo, rate 0.25 of 32-sided DCT blocks in float8)")
 
 
 def test_user_data_keeps_the_trainer_defaults() -> None:

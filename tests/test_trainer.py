@@ -179,14 +179,15 @@ def test_the_model_card_names_the_mode():
     assert training_mode(FlexDeMoConfig(local_steps=1)) == "compressed momentum exchange every step"
     assert training_mode(FlexDeMoConfig(method="adamw")) == "adamw"
     assert training_mode(FlexDeMoConfig(overlap="none")) == (
-        "local steps: 4 AdamW steps per node, then a compressed pseudo-gradient exchange (plain averaging with "
-        "error feedback, outer lr 1)")
+        "local steps: 8 AdamW steps per node, then a compressed pseudo-gradient exchange (top-k of its values, plain "
+        "averaging with error feedback, outer lr 1)")
     assert training_mode(FlexDeMoConfig()).endswith("outer lr 1, streamed: it lands 1 inner step(s) after it starts, "
-                                                    "in 4 fragments whose rounds are staggered by 1 step(s))")
+                                                    "in 4 fragments whose rounds are staggered by 2 step(s))")
+    assert "(top-k of its DCT coefficients, " in training_mode(FlexDeMoConfig(compression_transform="dct"))
     assert training_mode(FlexDeMoConfig(outer_fragments=1)).endswith(
         "outer lr 1, streamed: it lands 1 inner step(s) after it starts)")
     assert "Nesterov outer momentum 0.9" in training_mode(FlexDeMoConfig(local_steps=8, outer_momentum=0.9))
     assert "lands 2 inner step(s) after" in training_mode(FlexDeMoConfig(local_steps=8, overlap="delayed",
                                                                           outer_delay=2))
     assert training_mode(FlexDeMoConfig(outer_fragments=2)).endswith(
-        "it lands 1 inner step(s) after it starts, in 2 fragments whose rounds are staggered by 2 step(s))")
+        "it lands 1 inner step(s) after it starts, in 2 fragments whose rounds are staggered by 4 step(s))")

@@ -119,7 +119,7 @@ def case_budget_bytes(args) -> dict:
 
 
 def case_budget_bytes_local(args) -> dict:
-    """The defaults (4 local steps in 4 fragments, int2) under ``budget_bytes``: what each step sent over two
+    """The defaults (8 local steps in 4 fragments, int2) under ``budget_bytes``: what each step sent over two
     rounds, and each fragment's exchange bytes at the chosen rate and at a 5 % larger one."""
     model, group = sharded()
     opt = FlexDeMo(model.parameters(), lr=3e-3, replicate_group=group, budget_bytes=int(args.budget),
@@ -129,7 +129,8 @@ def case_budget_bytes_local(args) -> dict:
     fragments = [[tuple(p.to_local().shape) for p in members] for members in opt._local.members]
     formula = {rate: [exchange_bytes("demo", shapes, 2, rate=rate, topk=None, chunk=8, value_dtype="int2")
                       for shapes in fragments] for rate in (opt.rate, min(opt.rate * 1.05, 1.0))}
-    return {"rate": opt.rate, "fragments": opt.options["outer_fragments"], "formula": formula,
+    return {"rate": opt.rate, "local_steps": opt.options["local_steps"], "fragments": opt.options["outer_fragments"],
+            "formula": formula,
             "sent": [log["comm_stats"]["bytes_sent"] for log in logs]}
 
 
