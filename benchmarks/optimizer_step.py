@@ -5,7 +5,8 @@ One run launches ``torchrun --standalone --nproc_per_node 2`` on CPU/gloo (``OMP
 gradients (seeded per rank) on its parameters and times ``optimizer.step()`` alone, after warm-up steps and a
 barrier before each step. A step's time is the slowest rank's. Methods, in this order:
 
-* ``adamw``: ``torch.optim.AdamW`` with torch's defaults, local (no communication);
+* ``adamw``: ``torch.optim.AdamW`` with torch's defaults but ``weight_decay=0`` (FlexDeMo's default: the same
+  work per element), local (no communication);
 * ``adamw_foreach``: the same with ``foreach=True``, the implementation the local steps' inner AdamW runs (torch's
   default on CUDA; on CPU torch defaults to the for-loop, which is slower): the exchange's own cost is the
   ``flexdemo`` step over this one (``ratios["flexdemo/adamw_foreach (mean)"]``);
@@ -160,8 +161,9 @@ def measure(method: str, args: argparse.Namespace) -> dict[str, Any]:
     grads = [random_grad(p, generator) for p in params]
     sent: dict[str, Any] = {"bytes_sent": 0, "collectives": 0, "coefficients": 0, "peers": 0, "dtypes": {}}
     if method in ("adamw", "adamw_foreach"):
-        # adamw_foreach: the implementation the local steps' inner AdamW runs (torch's default on CUDA, not on CPU)
-        optimizer: torch.optim.Optimizer = torch.optim.AdamW(params, lr=LR,
+        # adamw_foreach: the implementation the local steps' inner AdamW runs (torch's default on CUDA, not on CPU);
+        # weight decay 0 as FlexDeMo's default (torch's 1e-2 adds a pass over the parameters to AdamW's step alone)
+        optimizer: torch.optim.Optimizer = torch.optim.AdamW(params, lr=LR, weight_decay=0.0,
                                                              foreach=True if method == "adamw_foreach" else None)
     elif method == "reference":
         from detonation import DeMoReplicator, DeToSGD
@@ -448,8 +450,9 @@ def driver(args: argparse.Namespace) -> None:
                      "flexdemo_step_wise_update": inspect.signature(FlexDeMo).parameters["update"].default,
                      # as the optimizers resolved them
                      "value_dtype": {m: ranks[m][0]["value_dtype"] for m in PRESETS if m in ranks},
-                     "adamw": "torch.optim.AdamW defaults (on CUDA: the foreach implementation)" if cuda else
-                              "torch.optim.AdamW defaults (on CPU: the for-loop implementation)"},
+                     "adamw": "torch.optim.AdamW defaults but weight_decay=0 (FlexDeMo's default) (on CUDA: the "
+                              "foreach implementation)" if cuda else "torch.optim.AdamW defaults but weight_decay=0 "
+                              "(FlexDeMo's default) (on CPU: the for-loop implementation)"},
         "timing": "optimizer.step() wall time after a barrier"
                   + (", between torch.cuda.synchronize() calls" if cuda else "")
                   + "; per step the slowest rank; median and IQR over steps (flexdemo: the mean over whole rounds)",
