@@ -61,12 +61,13 @@ class Setup:
 
 def flexdemo_options(method: str, args: argparse.Namespace) -> dict[str, object]:
     """The FlexDeMo keywords of ``method``: the package defaults, the driver's ``--flexdemo FIELD=VALUE`` fields
-    (``args.flexdemo``), then the variant's own. The step-wise mode's mechanisms (overlap with backward, one step
-    of delay, a time budget) run with ``local_steps=1``; ``random``, ``full`` and ``compute_only`` on the
-    defaults."""
+    (``args.flexdemo``), then the variant's own. ``demo`` is DeMo's published rule and density (the ``demo-paper``
+    preset, as in ``convergence.py``); the step-wise mode's mechanisms (overlap with backward, one step of delay, a
+    time budget) run with ``local_steps=1``; ``random``, ``full`` and ``compute_only`` on the defaults."""
     step_wise = {"local_steps": 1}
     buckets = {} if args.bucket_cap_mb is None else {"bucket_cap_mb": args.bucket_cap_mb}
     variant: dict[str, object] = {
+        "demo": {"preset": "demo-paper"},
         "flexdemo_step_wise": step_wise,
         "flexdemo_backward": {**step_wise, "overlap": "backward", **buckets},
         "flexdemo_delayed": {**step_wise, "overlap": "delayed"},
