@@ -91,21 +91,23 @@ class BlockLayout:
         return offsets.index_select(0, indices.reshape(-1).long()).view(indices.shape).add_(corners)
 
     def dct(self, x: Tensor, out: Tensor, scratch: Tensor) -> Tensor:
-        """Blockwise forward DCT ``C = D1 X D2^T`` of a contiguous ``(P, *shape)`` tensor into ``out``.
+        """Blockwise forward DCT ``C = D1 X D2^T`` of a contiguous ``(P, *shape)`` tensor into ``out`` (``x`` itself
+        for ``transform="none"``: the values are the coefficients, no copy).
 
         ``out`` and ``scratch`` are contiguous buffers of ``x``'s shape and dtype; ``scratch`` is clobbered.
         """
         return self._transform(x, out, scratch, inverse=False)
 
     def idct(self, c: Tensor, out: Tensor, scratch: Tensor) -> Tensor:
-        """Blockwise inverse DCT ``X = D1^T C D2`` of ``(P, *shape)`` coefficients (matrix layout) into ``out``."""
+        """Blockwise inverse DCT ``X = D1^T C D2`` of ``(P, *shape)`` coefficients (matrix layout) into ``out``
+        (``c`` itself for ``transform="none"``)."""
         return self._transform(c, out, scratch, inverse=True)
 
     def _transform(self, x: Tensor, out: Tensor, scratch: Tensor, inverse: bool) -> Tensor:
-        """Two GEMMs: every row against ``D2`` (or ``D2^T``), then ``D1`` (or ``D1^T``) against every block row; a
-        copy for ``transform="none"``."""
+        """Two GEMMs: every row against ``D2`` (or ``D2^T``), then ``D1`` (or ``D1^T``) against every block row;
+        ``x`` as it is for ``transform="none"`` (callers read the result, never ``out``)."""
         if self.transform == "none":
-            return out.copy_(x)
+            return x
         (n1, n2), cols = self.block, self.matrix[1]
         right, left = dct_basis(n2, x.device, x.dtype), dct_basis(n1, x.device, x.dtype)
         right, left = (right, left.T) if inverse else (right.T, left)
