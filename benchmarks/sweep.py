@@ -56,12 +56,13 @@ def _local(steps: int, *, rate: float = 1 / 4, value_dtype: str = "int2", **knob
 # (tests/test_sweep_pins.py rebuilds every committed run's FlexDeMoConfig from its key and the pin). The grids
 # "density" and "levers" chose the step-wise rule under the first defaults (DeMo's momentum and consensus, 1/8 of
 # 8 x 8 blocks, bfloat16 values); "overlap" ran step-wise at the rule they chose; the local-steps grids waited
-# for each exchange unless a run said overlap="delayed" (the default "auto" streams now), and streamed the whole
-# model in one round unless a run said outer_fragments (the default streams 4 fragments now).
+# for each exchange unless a run said overlap="delayed" (the default "auto" streams now), streamed the whole
+# model in one round unless a run said outer_fragments (the default streams 4 fragments now), and selected from the
+# DCT unless a run said compression_transform (the default "auto" selects the values with local steps now).
 STEP_WISE = {"local_steps": 1}
 FIRST_DEFAULTS = {**STEP_WISE, "momentum": "lr", "consensus": "choosers", "value_dtype": "bfloat16",
                   "compression_chunk": 8}
-WAITING = {"overlap": "none", "outer_fragments": 1}
+WAITING = {"overlap": "none", "outer_fragments": 1, "compression_transform": "dct"}
 
 GRIDS: dict[str, dict[str, Any]] = {
     "density": {
