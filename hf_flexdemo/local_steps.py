@@ -7,7 +7,7 @@ DiLoCo and SparseLoCo between nodes, FSDP2 inside them. Per step and parameter s
   nothing crosses nodes, no collective and no host sync;
 * every H-th step, after the inner step: the pseudo-gradient ``anchor - local`` enters error feedback,
   ``delta <- compression_decay * delta + (anchor - local)``; the replicator compresses and exchanges it in one
-  collective like any momentum (:class:`~hf_flexdemo.optimizer._InFlight`: rate, blocks, DCT, value type,
+  collective like any momentum (:class:`~hf_flexdemo.optimizer._InFlight`: rate, blocks, transform, value type,
   the non-finite flag, the skip decision); the outer rule moves the anchor by the decoded mean ``Q``,
   ``anchor <- anchor - outer_lr * Q`` (SparseLoCo) or with Nesterov momentum ``outer_momentum`` (DiLoCo),
   and every replica restarts from it (``local <- anchor``): replicas are bit-identical after each exchange.

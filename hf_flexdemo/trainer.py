@@ -348,7 +348,7 @@ class FlexDeMoTrainer(Trainer):
         config = asdict(self.flexdemo_config)
         lines = ["", "## FlexDeMo training", "",
                  "Trained with [hf_flexdemo](https://arxiv.org/abs/2502.06728): FSDP2 inside each node, "
-                 "DCT top-k momentum exchange between nodes.", "",
+                 "a compressed top-k exchange between nodes (the mode below).", "",
                  f"- topology: {self.topology.replicate_size} node(s) x {self.topology.shard_size} process(es)",
                  f"- mode: {training_mode(self.flexdemo_config)}"]
         lines += [f"- {key}: {value}" for key, value in config.items()]
