@@ -14,7 +14,7 @@ CASES = [
     "equal,replicator=demo", "equal,replicator=random", "equal,replicator=demo,micro=2",
     "accumulate_without_no_sync", "delayed,replicator=demo", "delayed,replicator=random",
     "budget_bytes,replicator=demo,budget=9000", "budget_bytes,replicator=random,budget=3000",
-    "budget_bytes_local,budget=1000",
+    "budget_bytes_local,budget=500",
     "budget_fraction,replicator=demo,fraction=0.001",
 ]
 
@@ -90,7 +90,7 @@ def test_byte_budget_with_local_steps_counts_a_round_over_its_steps(suite):
     """At the defaults (a round of 8 steps in 4 fragments), the budget bounds the bytes per step amortised over a
     round, as the logs count them: every other step sends one fragment's exchange, a round's sum fits 8 x the
     budget, and no 5 % larger rate would."""
-    results = _case(suite, "budget_bytes_local,budget=1000")
+    results = _case(suite, "budget_bytes_local,budget=500")
     for a, b in [(0, 2), (1, 3)]:
         assert results[a]["rate"] == results[b]["rate"]
     for result in results:
@@ -99,7 +99,7 @@ def test_byte_budget_with_local_steps_counts_a_round_over_its_steps(suite):
         fragments = formula[rate]
         # fragment f's round ends after step 2 (f + 1) mod 8: steps 1..8 send nothing, 0, nothing, 1, ..., 3
         assert result["sent"] == [sent for fragment in fragments for sent in (0, fragment)]
-        assert sum(fragments) <= 8 * 1000 < sum(formula[min(rate * 1.05, 1.0)])
+        assert sum(fragments) <= 8 * 500 < sum(formula[min(rate * 1.05, 1.0)])
 
 
 def test_time_budget_rate_is_agreed_and_moves_within_bounds(suite):
