@@ -118,25 +118,27 @@ class BlockReplicator(Replicator):
         source = momentum if dtype == momentum.dtype else workspace("source", momentum, dtype)
         if source is not momentum:
             source.copy_(momentum)
-        coefficients = layout.dct(source, out=workspace("coefficients", momentum, dtype),
-                                  scratch=workspace("scratch", momentum, dtype))
+        # without a transform the values are the coefficients: no buffers for the GEMMs
+        coefficients = source if layout.transform == "none" else layout.dct(
+            source, out=workspace("coefficients", momentum, dtype), scratch=workspace("scratch", momentum, dtype))
         indices = self.choose(stack, coefficients, k=k, step=step, scratch=workspace("scratch", momentum, dtype))
         stack.positions, stack.values = compression.gather(coefficients, layout, indices)
         return stack.values
 
     def encode(self, stack: Stack, *, feedback: float, workspace: Workspace) -> None:
         """Encode the values for the wire; error feedback subtracts them as every replica decodes them."""
-        layout, momentum = stack.layout, stack.momentum
+        momentum = stack.momentum
         pieces = compression.encode_values(stack.values, self.value_dtype)
         stack.wire += pieces
         sent = compression.scatter_mean(stack.positions.unsqueeze(0), compression.decode_values(pieces).view(1, -1),
                                         out=workspace("dense", momentum), counts=None)
-        estimate = layout.idct(sent, out=workspace("spatial", momentum), scratch=workspace("dense_scratch", momentum))
-        momentum.sub_(estimate, alpha=feedback)
+        momentum.sub_(self.inverse(stack, sent, workspace), alpha=feedback)
 
     @staticmethod
     def inverse(stack: Stack, dense: Tensor, workspace: Workspace) -> Tensor:
-        """The momentum-space signal of ``dense`` coefficients."""
+        """The momentum-space signal of ``dense`` coefficients (``dense`` itself without a transform: no buffers)."""
+        if stack.layout.transform == "none":
+            return dense
         return stack.layout.idct(dense, out=workspace("spatial", stack.momentum),
                                  scratch=workspace("dense_scratch", stack.momentum))
 
