@@ -450,9 +450,9 @@ def driver(args: argparse.Namespace) -> None:
                      "flexdemo_step_wise_update": inspect.signature(FlexDeMo).parameters["update"].default,
                      # as the optimizers resolved them
                      "value_dtype": {m: ranks[m][0]["value_dtype"] for m in PRESETS if m in ranks},
-                     "adamw": "torch.optim.AdamW defaults but weight_decay=0 (FlexDeMo's default) (on CUDA: the "
-                              "foreach implementation)" if cuda else "torch.optim.AdamW defaults but weight_decay=0 "
-                              "(FlexDeMo's default) (on CPU: the for-loop implementation)"},
+                     "adamw": "torch.optim.AdamW defaults but weight_decay=0 (FlexDeMo's default) "
+                              + ("(on CUDA: the foreach implementation)" if cuda else
+                                 "(on CPU: the for-loop implementation)")},
         "timing": "optimizer.step() wall time after a barrier"
                   + (", between torch.cuda.synchronize() calls" if cuda else "")
                   + "; per step the slowest rank; median and IQR over steps (flexdemo: the mean over whole rounds)",

@@ -218,11 +218,10 @@ GRIDS: dict[str, dict[str, Any]] = {
             # streaming by fragments (Streaming DiLoCo): a quarter or a half of the model's round ends every step
             *(_local(4, overlap="delayed", outer_delay=1, outer_fragments=fragments, **seed) for fragments in (2, 4)
               for seed in ({}, {"seed": 7})),
-            # ... and rounds twice as long in 4 fragments: half the bytes and half the exchange's compute per step
-            *(_local(8, overlap="delayed", outer_delay=1, outer_fragments=4, **seed) for seed in ({}, {"seed": 7})),
-            # ... without the DCT (no transforms: the step cost target, 1.32 x AdamW's step measured)
-            *(_local(8, overlap="delayed", outer_delay=1, outer_fragments=4, compression_transform="none", **seed)
-              for seed in ({}, {"seed": 7})),
+            # ... and rounds twice as long in 4 fragments: half the bytes and half the exchange's compute per step;
+            # with and without the DCT (no transforms: the step cost target, 1.32 x AdamW's step measured)
+            *(_local(8, overlap="delayed", outer_delay=1, outer_fragments=4, **transform, **seed)
+              for transform in ({}, {"compression_transform": "none"}) for seed in ({}, {"seed": 7})),
         ],
     },
 }

@@ -119,8 +119,8 @@ def case_budget_bytes(args) -> dict:
 
 
 def case_budget_bytes_local(args) -> dict:
-    """The defaults (8 local steps in 4 fragments, int2) under ``budget_bytes``: what each step sent over two
-    rounds, and each fragment's exchange bytes at the chosen rate and at a 5 % larger one."""
+    """The defaults (8 local steps in 4 fragments, int2) under ``budget_bytes``: what each step sent over a
+    round, and each fragment's exchange bytes at the chosen rate and at a 5 % larger one."""
     model, group = sharded()
     opt = FlexDeMo(model.parameters(), lr=3e-3, replicate_group=group, budget_bytes=int(args.budget),
                    compression_chunk=8, drift_check_every=0)  # the exchanges' bytes alone
