@@ -118,6 +118,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--timeout_s", type=float, help="per method (and learning rate)")
     harness.add_flexdemo_flag(parser, "FlexDeMoConfig fields for flexdemo and demo (default: the package "
                               "defaults), e.g. --flexdemo compression_rate=0.0625 compression_chunk=8")
+    parser.add_argument("--final_rounds", action="store_true", help="also the validation loss each way to end the "
+                        "run leaves, from the same end state (convergence_worker.FinalRounds)")
     parser.add_argument("--adam_beta1", type=float, default=0.9, help="TrainingArguments.adam_beta1")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--data_seed", type=int, default=42)
@@ -161,6 +163,7 @@ def worker_args(args: argparse.Namespace, method: str, lr: float, bleu_samples: 
     options |= {"method": setup, "lr": lr, "bleu_samples": bleu_samples, "shard_size": SHARD_SIZE,
                 "output_dir": output_dir, "out": out}
     preset = [f"--flexdemo_preset={preset_name}"] if preset_name else []
+    preset += ["--final_rounds"] if args.final_rounds and method != "adamw" else []
     return [str(HERE / "convergence_worker.py"), *(f"--{k}={v}" for k, v in options.items()), *preset,
             *harness.flexdemo_flags(args.flexdemo)]  # the user's --flexdemo flags come last: they win
 
@@ -212,6 +215,8 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
         "bleu_seconds": run["bleu_seconds"],
         "launch_seconds": run["launch_seconds"],
     }
+    if run.get("final_rounds"):
+        summary["final_rounds"] = run["final_rounds"]
     traffic = [e for e in history if "flexdemo/total_bytes_sent" in e]
     if traffic:
         per_step = [e["flexdemo/bytes_sent"] for e in traffic]

@@ -12,11 +12,13 @@ user of the recipe trains. Evaluation loss is logged every ``--eval_steps``
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import harness
 import torch
@@ -28,6 +30,7 @@ from transformers import (
     set_seed,
 )
 
+from hf_flexdemo.comm_metrics import unwrap_optimizer
 from hf_flexdemo.config import METHODS
 from hf_flexdemo.replicate import dense_allreduce_bytes
 from hf_flexdemo.seq2seq_data import DataTrainingArguments, load_raw_datasets, tokenize_splits
@@ -74,6 +77,8 @@ def parse_args() -> argparse.Namespace:
                         "elastic_resume.py)")
     parser.add_argument("--resume_from_checkpoint", help="a checkpoint to resume (elastic_resume.py; on another "
                         "topology with --resume_policy=...)")
+    parser.add_argument("--final_rounds", action="store_true", help="at the end, the validation loss of each way "
+                        "to end the run, from the same state (FinalRounds)")
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--out", type=Path, required=True)
     args, flexdemo = parser.parse_known_args()
@@ -127,6 +132,46 @@ class StopRule(TrainerCallback):
             self.stopped_by = f"eval_loss {loss:.4f} <= {self.target:.4f} at step {state.global_step}"
 
 
+class FinalRounds(TrainerCallback):
+    """``--final_rounds``: when the run ends, the validation loss of the model each end-of-run choice leaves, all from
+    the same state: the anchors alone (no landing: what evaluate() saw before ``FlexDeMo.finish``), and the final
+    round on the compressed wire and on a dense float32 one, with the bytes all ranks send for it. The run then goes
+    on from that state with the package's choice."""
+
+    def __init__(self) -> None:
+        self.trainer: Any = None
+        self.results: dict[str, dict[str, float]] = {}
+
+    def on_train_begin(self, args, state, control, optimizer=None, **kwargs) -> None:
+        optimizer = unwrap_optimizer(optimizer)
+        finish = optimizer.finish
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+
+        def study(**kwargs: Any) -> dict[str, int]:
+            saved = copy.deepcopy(optimizer.state_dict())
+            values = [p.detach().clone() for p in params]
+
+            def restore() -> None:
+                with torch.no_grad():
+                    for p, value in zip(params, values):
+                        p.copy_(value)
+                optimizer.load_state_dict(copy.deepcopy(saved))
+
+            self.results["anchors"] = {"eval_loss": self._evaluate("anchors")}
+            for wire in ("compressed", "dense"):
+                restore()
+                sent = torch.tensor([float(finish(final=wire)["bytes_sent"])], dtype=torch.float64)
+                dist.all_reduce(sent)
+                self.results[wire] = {"eval_loss": self._evaluate(wire), "bytes_sent": sent.item()}
+            restore()
+            return finish(**kwargs)
+
+        optimizer.finish = study
+
+    def _evaluate(self, name: str) -> float:
+        return self.trainer.evaluate(metric_key_prefix=f"final_round_{name}")[f"final_round_{name}_loss"]
+
+
 def main() -> None:
     args = parse_args()
     training_args = Seq2SeqTrainingArguments(
@@ -159,6 +204,10 @@ def main() -> None:
     trainer.add_callback(clock)
     stop_rule = StopRule(clock, args.stop_at_eval_loss, args.max_train_seconds)
     trainer.add_callback(stop_rule)
+    final_rounds = FinalRounds()
+    if args.final_rounds:
+        final_rounds.trainer = trainer
+        trainer.add_callback(final_rounds)
     train_metrics = trainer.train(resume_from_checkpoint=args.resume_from_checkpoint).metrics
     train_seconds = time.perf_counter() - clock.start
     scores: dict[str, float] = {}
@@ -197,6 +246,7 @@ def main() -> None:
             "dense_allreduce_bytes_per_step": topology.world_size * dense_allreduce_bytes(
                 parameters // topology.shard_size, topology.replicate_size),
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+            "final_rounds": final_rounds.results,
         }
         args.out.write_text(json.dumps(result, indent=1))
     dist.barrier()

@@ -123,7 +123,7 @@ def resolve_value_dtype(value_dtype: str, replicator: str, local_steps: int) -> 
     bfloat16 for the all-reduces, which add values (per-block scales do not add up); any other value as given."""
     if value_dtype != "auto":
         return value_dtype
-    if replicator != "demo":
+    if replicator not in ("demo", "none"):  # "none" emulates demo's wire on one node
         return "bfloat16"
     return "int2" if local_steps > 1 else "float8"
 

@@ -55,6 +55,7 @@ the optimizer's ``steps`` modulo H; where replicas differ (mid-round, or streami
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -67,6 +68,7 @@ from .plan import Bucket, Stack, local_shard, stack_rows
 
 if TYPE_CHECKING:
     from .optimizer import FlexDeMo
+    from .replicators import Replicator
 
 FLOAT32_KEYS = ("anchor", "outer_avg")  # besides delta, which the optimizer already keeps in float32
 LOCAL_KEY = "local"  # mid-round state_dict only: this rank's parameter shard
@@ -80,6 +82,44 @@ def partition(sizes: Sequence[int], fragments: int) -> list[int]:
         where[i] = min(range(fragments), key=lambda f: (loads[f], f))
         loads[where[i]] += sizes[i]
     return where
+
+
+def fragments_for(wanted: int, local_steps: int, outer_delay: int, tensors: int) -> int:
+    """The fragments a round runs in: ``wanted`` where there are at least as many trainable tensors, else the largest
+    divisor of ``local_steps`` not above ``tensors`` (a fragment is never empty; fewer fragments leave the delay more
+    room)."""
+    if tensors >= wanted:
+        return wanted
+    return max(f for f in range(1, max(tensors, 1) + 1) if local_steps % f == 0 and outer_delay <= local_steps // f)
+
+
+def adamw_state(state: dict[str, Any], p: Tensor, group: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``state`` with torch's AdamW moments for ``p`` added where missing (``group``: unused, the plan's state
+    fillers' signature)."""
+    if "exp_avg" not in state:
+        shard = local_shard(p).detach()
+        state["step"] = torch.zeros((), dtype=torch.float32)  # on the CPU, as torch's AdamW keeps it
+        state["exp_avg"] = torch.zeros_like(shard)
+        state["exp_avg_sq"] = torch.zeros_like(shard)
+    return state
+
+
+def adamw_step(stacks: Sequence[Stack]) -> None:
+    """torch's AdamW (foreach) on every shard of ``stacks`` with a gradient, one call per parameter group: the
+    inner step, and the whole step where one replica has nothing to exchange."""
+    groups: dict[int, tuple[dict[str, Any], list[list]]] = {}
+    for stack in stacks:
+        lists = groups.setdefault(id(stack.group), (stack.group, [[], [], [], [], []]))[1]
+        for p, state in zip(stack.params, stack.states):
+            if p.grad is not None:
+                for into, item in zip(lists, (local_shard(p), local_shard(p.grad), state["exp_avg"],
+                                              state["exp_avg_sq"], state["step"])):
+                    into.append(item)
+    for group, (params, grads, exp_avgs, exp_avg_sqs, steps) in groups.values():
+        if params:
+            (beta1, beta2) = group["betas"]
+            adamw(params, grads, exp_avgs, exp_avg_sqs, [], steps, foreach=True, amsgrad=False, beta1=beta1,
+                  beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"], eps=group["eps"], maximize=False)
 
 
 def outer_step(anchor: Tensor, q: Tensor, outer_avg: Tensor | None, *, lr: float, momentum: float) -> None:
@@ -105,12 +145,23 @@ class LocalSteps:
         self.fragments = optimizer.options["outer_fragments"]
         self.slot = self.every // self.fragments  # steps between two fragments' round ends
         self.members: list[list[Tensor]] = [[] for _ in range(self.fragments)]  # each fragment's parameters
+        self.synced = False  # finish() or adopt() left every replica at the anchor, until the next step
+        self._warned = False
 
     def assign(self, params: list[Tensor]) -> Callable[[Tensor], int] | None:
         """Split the trainable ``params`` into the fragments (:func:`partition` of their full element counts) and
         return each one's fragment for the plan (``None``: one). Parameters rather than stacks, so that every rank
         splits alike: a node's ranks stack their shards differently (uneven or empty shards), while the drift
-        check's per-parameter verdict is agreed across the node."""
+        check's per-parameter verdict is agreed across the node. Fewer trainable tensors than fragments run in
+        fewer fragments (:func:`fragments_for`), with a warning: no fragment is ever empty."""
+        wanted = self.optimizer.options["outer_fragments"]
+        self.fragments = fragments_for(wanted, self.every, self.delay, len(params))
+        self.slot = self.every // self.fragments
+        if self.fragments < wanted and not self._warned:
+            self._warned = True
+            warnings.warn(f"FlexDeMo: outer_fragments={wanted} with {len(params)} trainable tensor(s); the rounds run "
+                          f"in {self.fragments} fragment(s) (a fragment holds whole tensors and is never empty).",
+                          stacklevel=5)
         if self.fragments == 1:
             self.members = [list(params)]
             return None
@@ -125,17 +176,15 @@ class LocalSteps:
         return ((done % self.every) // self.slot - 1) % self.fragments
 
     def new_state(self, state: dict[str, Any], p: Tensor, group: dict[str, Any]) -> dict[str, Any]:
-        """``p``'s state, filled on first use: the inner AdamW's moments, the anchor (``p`` now), the error
-        feedback and, with outer momentum, its buffer."""
-        if not state:
+        """``p``'s state, filled where missing: the inner AdamW's moments, the anchor (``p`` now), the error
+        feedback and, with outer momentum, its buffer (a single replica's state lacks all but the moments)."""
+        adamw_state(state, p)
+        if "anchor" not in state:
             shard = local_shard(p).detach()
-            state["step"] = torch.zeros((), dtype=torch.float32)  # on the CPU, as torch's AdamW keeps it
-            state["exp_avg"] = torch.zeros_like(shard)
-            state["exp_avg_sq"] = torch.zeros_like(shard)
             state["anchor"] = shard.to(torch.float32, copy=True)
             state["delta"] = torch.zeros_like(shard, dtype=torch.float32)
-            if self.momentum:
-                state["outer_avg"] = torch.zeros_like(shard, dtype=torch.float32)
+        if self.momentum and "outer_avg" not in state:
+            state["outer_avg"] = torch.zeros_like(state["anchor"])
         return state
 
     def step(self, plan: list[Bucket]) -> None:
@@ -144,8 +193,9 @@ class LocalSteps:
         round's end of one fragment every ``local_steps / outer_fragments`` steps, its stacks only)."""
         stacks = [stack for bucket in plan for stack in bucket.stacks]
         opt, done = self.optimizer, self.optimizer.steps + 1
+        self.synced = False
         if not self.streaming:
-            self._inner(stacks)
+            adamw_step(stacks)
             if done % self.every == 0:
                 self._launch(stacks)
                 skipped = opt._resolve_and_apply(rule=self._outer)
@@ -157,7 +207,7 @@ class LocalSteps:
         if skipped:  # a replica went non-finite: so may this step's gradient and every fragment's progress since
             self._restart(stacks, clean=True)
         else:
-            self._inner(stacks)
+            adamw_step(stacks)
         if done % self.slot == 0:
             stacks = [stack for stack in stacks if stack.fragment == self.fragment_at(done)]
             self._launch(stacks)  # an empty fragment (or rank) still joins the collective: every rank issues the same
@@ -198,10 +248,39 @@ class LocalSteps:
             opt._check_drift(None if self.fragments == 1 else self.members[fragment])
         return pending["skip"]
 
+    def finish(self, plan: list[Bucket], final: Replicator | None) -> None:
+        """Land the exchange in flight (streaming), then one final round of every fragment in one collective, on
+        the optimizer's wire or on ``final``'s: every replica then holds the anchor, which carries every step
+        trained (what the final round's compression holds back stays in ``delta``)."""
+        opt, stacks = self.optimizer, [stack for bucket in plan for stack in bucket.stacks]
+        if opt._in_flight.exchanges or opt._pending is not None:
+            launched_at = opt._in_flight.step if opt._in_flight.exchanges else opt._pending["step"]
+            self._land(stacks, self.fragment_at(launched_at + 1))
+        with opt._exchanging_with(final):
+            self._launch(stacks)
+            skipped = opt._resolve_and_apply(rule=self._outer)
+        self._restart(stacks, clean=skipped)
+        self.synced = True
+
+    def adopt(self, plan: list[Bucket]) -> None:
+        """The parameters, loaded from outside, become the anchor; the error feedback and outer momentum, which
+        belong to the trajectory left, are zeroed (the inner AdamW's moments stay, as torch's optimizers keep
+        their state when a model's weights are loaded)."""
+        for stack in (stack for bucket in plan for stack in bucket.stacks):
+            for p, state in zip(stack.params, stack.states):
+                state["anchor"].copy_(local_shard(p).detach())
+                state["delta"].zero_()
+                if "outer_avg" in state:
+                    state["outer_avg"].zero_()
+        self.synced = True
+
     def agreed(self, steps: int) -> bool:
         """Whether every replica's parameters are the anchor between ``step()`` calls, before step ``steps``
         (0-based): after a round's exchange; with streaming only before the first step (they agree inside the
-        step that lands an exchange, where its drift check runs; with fragments, on the landed fragment only)."""
+        step that lands an exchange, where its drift check runs; with fragments, on the landed fragment only); and
+        after :meth:`finish` or :meth:`adopt`, until the next step."""
+        if self.synced:
+            return True
         return steps % self.every == 0 if not self.streaming else steps == 0
 
     @staticmethod
@@ -214,23 +293,6 @@ class LocalSteps:
                 for state in stack.states:
                     for key in ("exp_avg", "exp_avg_sq", "delta"):
                         torch.nan_to_num_(state[key], nan=0.0, posinf=0.0, neginf=0.0)
-
-    def _inner(self, stacks: list[Stack]) -> None:
-        """torch's AdamW on every shard with a gradient, one foreach call per parameter group."""
-        groups: dict[int, tuple[dict[str, Any], list[list]]] = {}
-        for stack in stacks:
-            lists = groups.setdefault(id(stack.group), (stack.group, [[], [], [], [], []]))[1]
-            for p, state in zip(stack.params, stack.states):
-                if p.grad is not None:
-                    for into, item in zip(lists, (local_shard(p), local_shard(p.grad), state["exp_avg"],
-                                                  state["exp_avg_sq"], state["step"])):
-                        into.append(item)
-        for group, (params, grads, exp_avgs, exp_avg_sqs, steps) in groups.values():
-            if params:
-                (beta1, beta2) = group["betas"]
-                adamw(params, grads, exp_avgs, exp_avg_sqs, [], steps, foreach=True, amsgrad=False, beta1=beta1,
-                      beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"], eps=group["eps"],
-                      maximize=False)
 
     def pseudo_gradient(self, stack: Stack) -> Tensor:
         """The candidate error feedback ``decay * delta + (anchor - local)``, built in the stack's spare buffer

@@ -40,12 +40,13 @@ and ``torch.profiler`` shows the phases as ``FlexDeMo::compress``, ``::exchange`
 
 from __future__ import annotations
 
+import logging
 import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -74,7 +75,7 @@ from .knobs import (
 )
 from .plan import Bucket, Stack, build_plan, local_shard, new_state, set_rows, stack_rows
 from .replicate import CommStats, ReplicateGroup, dense_allreduce_bytes
-from .replicators import REGISTRY, Exchange, exchange_bytes
+from .replicators import DENSE, REGISTRY, Exchange, exchange_bytes
 from .replicators import Replicator as ReplicatorBase
 from .workspace import Workspace
 
@@ -85,6 +86,8 @@ MOMENT_KEYS = ("grad_avg", "grad_avg_sq")
 PENDING_KEYS = ("pending_delta", "pending_update", *(f"pending_{key}" for key in MOMENT_KEYS))
 FLOAT32_KEYS = ("delta", *MOMENT_KEYS, *PENDING_KEYS, *local_steps.FLOAT32_KEYS)
 _D = DEFAULTS
+logger = logging.getLogger(__name__)
+FINAL = "compressed"  # finish()'s wire for the last round (docs/design.md "The end of a run")
 
 
 class FlexDeMo(Optimizer):
@@ -151,16 +154,7 @@ class FlexDeMo(Optimizer):
         super().__init__(params, {key: given[key] for key in PER_GROUP})
         self.options: dict[str, Any] = {key: given[key] for key in OPTIMIZER_WIDE}
         for group in self.param_groups:
-            group["compression_transform"] = knobs.resolve_transform(group["compression_transform"],
-                                                                     self.options["local_steps"])  # a group's "auto"
-            wide = sorted(set(group) & set(OPTIMIZER_WIDE))
-            check(not wide, "param group keys", wide, f"per-group knobs only ({', '.join(PER_GROUP)}); pass "
-                  "optimizer-wide knobs to FlexDeMo(...) itself: they hold for every parameter group")
-            knobs.validate({**self.options, **{key: group[key] for key in PER_GROUP}})
-            for p in group["params"]:
-                check(p.dtype in PARAM_DTYPES, "parameter dtype", p.dtype,
-                      "torch.float32 | torch.bfloat16 (fp16 needs a loss scaler that can skip a step on one "
-                      "rank only and deadlock the others)")
+            self._check_group(group)
         self.replicate = ReplicateGroup(replicate_group)
         first = next(p for group in self.param_groups for p in group["params"])
         self._device = local_shard(first).device
@@ -187,21 +181,30 @@ class FlexDeMo(Optimizer):
 
     def _reset(self) -> None:
         """The replicator, the plan and the hooks, (re)built from ``options`` and the parameters' state."""
-        self._replicator = REGISTRY[self.options["replicator"]](
-            self.replicate, value_dtype=self.options["value_dtype"], consensus=self.options["consensus"],
-            seed=self.options["replicator_seed"])
+        # One replica sends nothing: it trains as the rule's dense limit, exactly torch's AdamW where that is AdamW
+        # (local steps, and the step-wise momentum="adam" with update="sgd"); replicator="none" emulates the wire.
+        single = self.replicate.size == 1 and not REGISTRY[self.options["replicator"]].emulates
+        self.adamw_only = single and (self.options["local_steps"] > 1 or all(
+            g["momentum"] == "adam" and g["update"] == "sgd" for g in self.param_groups))
+        self._replicator = self._new_replicator(DENSE if single else self.options["replicator"])
         self._plan: list[Bucket] | None = None
+        self._planned: tuple[int, ...] = ()  # the trainable parameters the plan was built for
         self._dense_bytes = 0  # a dense fp32 all-reduce of the trainable shards: set with the plan
         self._bucket_of: dict[int, Bucket] = {}
         self._next_launch = 0  # buckets are launched in plan order, so every replica issues the same sequence
         self._in_flight = _InFlight(self._replicator, self._workspace, self._device)
         self._pending: dict[str, Any] | None = None  # overlap="delayed": the resolved consensus awaiting its step
         # local_steps > 1: inner AdamW steps and an exchange per round (hf_flexdemo.local_steps)
-        self._local = local_steps.LocalSteps(self) if self.options["local_steps"] > 1 else None
+        self._local = (local_steps.LocalSteps(self) if self.options["local_steps"] > 1 and not self.adamw_only
+                       else None)
+        self._register_hooks()
+
+    def _register_hooks(self) -> None:
+        """``overlap="backward"``: a post-accumulate-grad hook on every trainable FSDP2 shard."""
         for handle in self._hooks:
             handle.remove()
         self._hooks = []
-        if self.options["overlap"] == "backward":
+        if self.options["overlap"] == "backward" and not self.adamw_only:
             # FSDP2 calls a shard's post-accumulate-grad hook once its node-averaged gradient is final.
             method = weakref.WeakMethod(self._gradient_ready)  # hooks must not keep the optimizer alive
 
@@ -211,6 +214,30 @@ class FlexDeMo(Optimizer):
 
             self._hooks = [p.register_post_accumulate_grad_hook(hook) for group in self.param_groups
                            for p in group["params"] if p.requires_grad and isinstance(p, DTensor)]
+
+    def _new_replicator(self, name: str) -> ReplicatorBase:
+        return REGISTRY[name](self.replicate, value_dtype=self.options["value_dtype"],
+                              consensus=self.options["consensus"], seed=self.options["replicator_seed"])
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """As torch's, at any time: the group's ``"auto"`` transform is resolved and its knobs validated; its
+        parameters join the exchange at the next step (:meth:`step` re-plans)."""
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        if hasattr(self, "options"):  # not from Optimizer.__init__, which __init__ then checks itself
+            self._check_group(group)
+
+    def _check_group(self, group: dict[str, Any]) -> None:
+        group["compression_transform"] = knobs.resolve_transform(group["compression_transform"],
+                                                                 self.options["local_steps"])  # a group's "auto"
+        wide = sorted(set(group) & set(OPTIMIZER_WIDE))
+        check(not wide, "param group keys", wide, f"per-group knobs only ({', '.join(PER_GROUP)}); pass "
+              "optimizer-wide knobs to FlexDeMo(...) itself: they hold for every parameter group")
+        knobs.validate({**self.options, **{key: group[key] for key in PER_GROUP}})
+        for p in group["params"]:
+            check(p.dtype in PARAM_DTYPES, "parameter dtype", p.dtype,
+                  "torch.float32 | torch.bfloat16 (fp16 needs a loss scaler that can skip a step on one "
+                  "rank only and deadlock the others)")
 
     # ---- state -------------------------------------------------------------------------------
 
@@ -287,16 +314,36 @@ class FlexDeMo(Optimizer):
 
     # ---- the plan ----------------------------------------------------------------------------
 
+    def _trainable(self) -> tuple[int, ...]:
+        """Which parameters the plan covers: those that require a gradient, in group order (host-only)."""
+        return tuple(id(p) for group in self.param_groups for p in group["params"] if p.requires_grad)
+
     def _buckets(self) -> list[Bucket]:
-        """The exchange plan (:func:`hf_flexdemo.plan.build_plan`), built once on the first step."""
+        """The exchange plan (:func:`hf_flexdemo.plan.build_plan`), built on the first step and again whenever the
+        trainable parameters change (a parameter frozen or unfrozen, :meth:`add_param_group`): the exchanges in
+        flight land and a final round brings every replica to one consensus first (:meth:`finish`), so the new
+        plan starts where all replicas agree. ``requires_grad`` is the same on every rank, so is the plan."""
+        if self._plan is not None and self._trainable() != self._planned:
+            self._settle(FINAL)
+            self._plan = None
+            self._register_hooks()
         if self._plan is None:
-            fill = new_state if self._local is None else self._local.new_state
+            if not self._planned and self.replicate.size == 1:
+                name = self._replicator.name
+                how = ("torch's AdamW step" if self.adamw_only else "the rule's dense limit" if name == DENSE
+                       else f"the wire emulated (replicator={name!r})")
+                logger.info("FlexDeMo: one replica, nothing crosses nodes: %s.", how)
+            self._planned = self._trainable()
+            if self.adamw_only:
+                fill = local_steps.adamw_state
+            else:
+                fill = new_state if self._local is None else self._local.new_state
             fragment_of = None if self._local is None else self._local.assign([p for _, p in self._named_params()])
             self._plan = build_plan(self.param_groups, lambda p, group: fill(self.state[p], p, group),
                                     bucket_cap_mb=self.options["bucket_cap_mb"],
                                     hook_shards=self.options["overlap"] == "backward", fragment_of=fragment_of)
             self._bucket_of = {id(p): bucket for bucket in self._plan for p in bucket.params}
-            numel = sum(s.delta.numel() for b in self._plan for s in b.stacks)
+            numel = sum(local_shard(p).numel() for b in self._plan for s in b.stacks for p in s.params)
             self._dense_bytes = dense_allreduce_bytes(numel, self.replicate.size)  # AdamW-HSDP's, for the ratio
             if self.options["budget_bytes"] is not None:
                 self._rate = budget.rate_for_bytes(self._bytes_at, self.options["budget_bytes"],
@@ -348,15 +395,20 @@ class FlexDeMo(Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):  # type: ignore[override]
+        """One optimizer step (see the module docstring): with local steps an inner AdamW step and, at a round's
+        end, its exchange; step-wise the compressed exchange of the momentum and the update; with one replica
+        torch's AdamW. ``closure`` re-evaluates the loss, as in torch's optimizers."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        # every N steps; with local steps, at the first point from there on where replicas agree
-        if (self._local is None or self._local.agreed(self.steps)) and self.drift_check_due():
-            self._check_drift()
         plan = self._buckets()
-        if self._local is not None:
+        # every N steps; with local steps, at the first point from there on where replicas agree
+        if not self.adamw_only and (self._local is None or self._local.agreed(self.steps)) and self.drift_check_due():
+            self._check_drift()
+        if self.adamw_only:
+            self._adamw_step([stack for bucket in plan for stack in bucket.stacks])
+        elif self._local is not None:
             self._local.step(plan)
         elif self.options["overlap"] == "delayed":
             if self._in_flight.exchanges:
@@ -370,6 +422,81 @@ class FlexDeMo(Optimizer):
             self._resolve_and_apply()
         self._end_step(plan)
         return loss
+
+    @torch.no_grad()
+    def finish(self, *, final: Literal["compressed", "dense"] = FINAL) -> dict[str, int]:
+        """End of training: every exchange in flight lands, and with local steps one final round of every fragment
+        brings each node's steps since its last round into the consensus, so the parameters on every replica are
+        the model trained (``overlap="delayed"`` step-wise: the held consensus is applied). ``final``: that round's
+        wire, the optimizer's own (its error feedback keeps what it holds back) or one dense float32 all-reduce
+        (nothing held back; docs/design.md "The end of a run" measures both). Call it on every rank, after the
+        last ``step()``; training may go on afterwards. Returns this rank's traffic of the call (``comm_stats``'s
+        keys), which ``comm_stats`` then holds; a single replica, or replicas already in agreement, send nothing.
+        """
+        check(final in ("compressed", "dense"), "final", final, "'compressed' | 'dense'")
+        if self._in_flight.exchanges and self.options["overlap"] != "delayed":
+            raise RuntimeError("FlexDeMo: finish() while this step's exchange is in flight (after backward, before "
+                               "step()); call it after optimizer.step().")
+        self._settle(final)
+        self._stats.dense_bytes = self._dense_bytes
+        self.comm_stats, self._stats = self._stats.as_dict(), CommStats()
+        return self.comm_stats
+
+    def _settle(self, final: str) -> None:
+        """:meth:`finish`'s landing and final round, its traffic counted into the step being built."""
+        if self.adamw_only or not self.state:
+            return
+        plan = self._plan if self._plan is not None else self._buckets()  # loaded from a state_dict: rebuilt
+        if self._local is not None:
+            if not self._local.agreed(self.steps) or self._in_flight.exchanges or self._pending is not None:
+                self._local.finish(plan, None if final == "compressed" else self._new_replicator(DENSE))
+        elif self.options["overlap"] == "delayed":
+            if self._in_flight.exchanges:
+                self._hold()
+            if self._pending is not None:
+                self._apply_pending()
+
+    @torch.no_grad()
+    def adopt_parameters(self) -> None:
+        """The parameters were loaded from outside (the best checkpoint, a user's ``load_state_dict``): they become
+        what every replica agrees on. An exchange in flight is waited for and dropped; with local steps the anchor
+        becomes the parameters and the error feedback and outer momentum restart from zero. The other state
+        (AdamW's moments, the step-wise momentum) stays, as torch's optimizers keep theirs. Call it on every
+        rank, each having loaded the same weights (``FlexDeMoTrainer`` does, from a load hook on the model)."""
+        if self._plan is None:
+            return
+        if self._in_flight.exchanges:
+            stacks = self._resolve()[0]
+            for stack in stacks:
+                stack.discard()
+        if self._pending is not None:
+            self._pending = None
+            self._drop_pending([s for b in self._plan for s in b.stacks])
+        if self._local is not None:
+            self._local.adopt(self._plan)
+
+    @contextmanager
+    def _exchanging_with(self, replicator: ReplicatorBase | None) -> Iterator[None]:
+        """Inside the block the exchanges run on ``replicator`` (``None``: the optimizer's own)."""
+        if replicator is None:
+            yield
+            return
+        own, self._replicator, self._in_flight.replicator = self._replicator, replicator, replicator
+        try:
+            yield
+        finally:
+            self._replicator = self._in_flight.replicator = own
+
+    def _adamw_step(self, stacks: list[Stack]) -> None:
+        """One replica: torch's AdamW, unless a gradient in the node is non-finite (the step's one host sync;
+        ``on_nonfinite`` as with several replicas)."""
+        with record_function("FlexDeMo::apply"):
+            grads = [local_shard(p.grad) for stack in stacks for p in stack.params if p.grad is not None]
+            flag = guards.nonfinite(grads, self._device).to(torch.float32).reshape(1)
+            if guards.max_in_group(flag, self.shard_group, self._stats).item() > 0:
+                self._skip(self.steps, bool(flag.item()))
+                return
+            local_steps.adamw_step(stacks)
 
     def _launch(self, buckets: list[Bucket]) -> None:
         """Compress ``buckets`` (consecutive in the plan) and start their exchange, in one collective."""

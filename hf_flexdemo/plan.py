@@ -163,15 +163,16 @@ def stack_rows(states: list[dict[str, Tensor]], key: str) -> Tensor:
 
 
 def new_state(state: dict[str, Any], p: Tensor, group: dict[str, Any]) -> dict[str, Any]:
-    """``p``'s optimizer ``state``, filled on first use with what the group's rules keep."""
-    if not state:
+    """``p``'s optimizer ``state``, filled on first use with what the group's rules keep (a single replica's
+    AdamW state gains the rest)."""
+    if "delta" not in state:
         shard = local_shard(p)
-        state["step"] = torch.zeros((), dtype=torch.float32)  # on the CPU, as torch's AdamW keeps it
+        state.setdefault("step", torch.zeros((), dtype=torch.float32))  # on the CPU, as torch's AdamW keeps it
         state["delta"] = torch.zeros_like(shard, dtype=torch.float32)
         if group["update"] == "adamw":
-            state["exp_avg"] = torch.zeros_like(shard)
+            state.setdefault("exp_avg", torch.zeros_like(shard))
         if group["update"] in ("adamw", "rmsprop"):
-            state["exp_avg_sq"] = torch.zeros_like(shard)
+            state.setdefault("exp_avg_sq", torch.zeros_like(shard))
         if group["momentum"] in ("avg", "adam"):  # this replica's AdamW moments of its node-averaged gradient
             state["grad_avg"] = torch.zeros_like(shard, dtype=torch.float32)
             if group["momentum"] == "adam":
@@ -216,7 +217,8 @@ def build_plan(
             stacks[key].params.append(p)
             stacks[key].states.append(state)
         for stack in stacks.values():
-            stack.delta = stack_rows(stack.states, "delta")
+            if "delta" in stack.states[0]:  # a single replica's AdamW keeps none
+                stack.delta = stack_rows(stack.states, "delta")
         hooked = hook_shards and all(isinstance(p, DTensor) for _, p in bucket_members)
         plan.append(Bucket([p for _, p in bucket_members], list(stacks.values()), hooked))
     return plan

@@ -111,6 +111,8 @@ class FlexDeMoTrainer(Trainer):
         self.comm_metrics = CommMetricsCallback()
         self.add_callback(self.comm_metrics)
         self._reshard = False  # set by train(): the checkpoint resumed was written on another topology
+        # weights loaded into the model (the best checkpoint, a user's load_state_dict) become the consensus
+        self.model.register_load_state_dict_post_hook(self._adopt_loaded_weights)
 
     def _init_distributed(self, args: TrainingArguments) -> None:
         """Give the world group ``args.ddp_timeout``: Transformers creates it without one on CPU (30 min)."""
@@ -229,6 +231,30 @@ class FlexDeMoTrainer(Trainer):
         super().log(logs, start_time)
 
     # ---- the model that is evaluated and saved ------------------------------------------------
+
+    def _adopt_loaded_weights(self, module: torch.nn.Module, incompatible_keys: Any) -> None:
+        """The model's load-state-dict hook: what was loaded becomes what the optimizer treats as the consensus."""
+        if (optimizer := self.flexdemo_optimizer) is not None:
+            optimizer.adopt_parameters()
+
+    def _finalize_training(self, trial, num_train_samples, start_time):
+        """Before Trainer's end of training (best model, ``on_train_end``): every exchange in flight lands and a
+        final round brings each node's last steps into the consensus (``FlexDeMo.finish``), so ``self.model``
+        holds the model trained, the same on every rank; its traffic is logged."""
+        if (optimizer := self.flexdemo_optimizer) is not None:
+            fsdp_modules = [m for m in self.model.modules() if isinstance(m, FSDPModule)]
+            for module in fsdp_modules:  # no forward may see the gathered parameters of before
+                module.reshard()
+            stats = optimizer.finish()
+            traffic = torch.tensor([float(stats["bytes_sent"]), float(stats["bytes_received"])], dtype=torch.float64,
+                                   device=self.accelerator.device)
+            if dist.is_initialized():
+                dist.all_reduce(traffic)
+            sent, received = traffic.tolist()
+            self.comm_metrics.total_bytes_sent += sent
+            self.log({"flexdemo/final_round_bytes_sent": sent, "flexdemo/final_round_bytes_received": received,
+                      "flexdemo/total_bytes_sent": self.comm_metrics.total_bytes_sent})
+        return super()._finalize_training(trial, num_train_samples, start_time)
 
     @contextlib.contextmanager
     def _consensus(self) -> Iterator[None]:

@@ -33,9 +33,9 @@ def train(model: nn.Module, opt: torch.optim.Optimizer, steps: int) -> None:
 def test_one_local_step_is_the_step_wise_optimizer_bit_for_bit():
     """``local_steps=1`` alone trains as the step-wise defaults before local steps, spelled out."""
     one, before = mlp(), mlp()
-    train(one, FlexDeMo(one.parameters(), lr=1e-2, compression_chunk=8, local_steps=1), 5)
+    train(one, FlexDeMo(one.parameters(), lr=1e-2, compression_chunk=8, local_steps=1, replicator="none"), 5)
     train(before, FlexDeMo(before.parameters(), lr=1e-2, compression_chunk=8, local_steps=1, value_dtype="float8",
-                           overlap="none"), 5)
+                           overlap="none", replicator="none"), 5)
     for a, b in zip(one.parameters(), before.parameters()):
         assert torch.equal(a, b)
 
@@ -227,7 +227,8 @@ def test_four_fragments_are_the_default_bit_for_bit_and_one_is_not():
     runs = {}
     for name, given in (("default", {}), ("four", {"outer_fragments": 4}), ("one", {"outer_fragments": 1})):
         model = mlp()
-        opt = FlexDeMo(model.parameters(), lr=1e-2, compression_chunk=8, drift_check_every=3, **given)
+        opt = FlexDeMo(model.parameters(), lr=1e-2, compression_chunk=8, drift_check_every=3, replicator="none",
+                       **given)
         stats = []
         for step in range(12):
             train_step = torch.Generator().manual_seed(step)
@@ -287,7 +288,7 @@ def test_partition_puts_the_largest_first_into_the_least_loaded_fragment():
     assert local_steps.partition([2, 2, 2], 2) == [0, 1, 0]  # ties: the earlier item, the lower fragment
     assert local_steps.partition([1, 9], 3) == [1, 0]  # a fragment may stay empty
     model = mlp()  # 512 + 32 + 256 + 8 elements: the first weight alone, the rest together
-    opt = FlexDeMo(model.parameters(), lr=1e-2, local_steps=4, outer_fragments=2)
+    opt = FlexDeMo(model.parameters(), lr=1e-2, local_steps=4, outer_fragments=2, replicator="none")
     train(model, opt, 1)
     index = {id(p): i for i, p in enumerate(model.parameters())}
     fragments = [[index[id(p)] for p in members] for members in opt._local.members]
@@ -350,7 +351,7 @@ def test_fragments_resume_with_an_exchange_in_flight_bit_for_bit():
     """12 straight steps vs 5, ``state_dict`` into a fresh optimizer, 7 more (H = 4, F = 2, tau = 2: fragment 1's
     first round ended after step 4 and lands in step 6); only its parameters hold the exchange in flight."""
     kwargs = dict(lr=1e-2, compression_chunk=8, local_steps=4, outer_fragments=2, outer_delay=2, outer_momentum=0.9,
-                  drift_check_every=1)
+                  drift_check_every=1, replicator="none")
     straight = mlp()
     train(straight, FlexDeMo(straight.parameters(), **kwargs), 12)
     model = mlp()
@@ -412,7 +413,7 @@ def test_one_non_finite_gradient_costs_one_round_and_training_goes_on(knobs, bad
     every replica restarts from its anchor, the parameters, moments and error feedback are finite again, and the
     rounds after it exchange and move the anchor."""
     model = mlp()
-    opt = FlexDeMo(model.parameters(), lr=1e-2, compression_chunk=8, **knobs)
+    opt = FlexDeMo(model.parameters(), lr=1e-2, compression_chunk=8, replicator="none", **knobs)
     anchors = []
     with pytest.warns(UserWarning, match="non-finite gradient"):
         for step in range(24):

@@ -11,9 +11,9 @@ from torch import nn
 from hf_flexdemo import FlexDeMo
 from hf_flexdemo.mesh import validate_shard_size
 
-# FlexDeMo in its step-wise mode (an exchange every step), which these tests pin; a local_steps= argument
-# overrides it.
-step_wise = functools.partial(FlexDeMo, local_steps=1)
+# FlexDeMo in its step-wise mode (an exchange every step) on the wire emulated on one process (replicator="none";
+# one replica otherwise trains as AdamW), which these tests pin; a local_steps= or replicator= argument overrides it.
+step_wise = functools.partial(FlexDeMo, local_steps=1, replicator="none")
 
 
 def _params(dtype=torch.float32):

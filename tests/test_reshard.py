@@ -132,7 +132,7 @@ def test_load_resharded_into_one_process_checks_the_parameters(tmp_path):
         params = [torch.nn.Parameter(torch.randn(shape)) for shape in shapes]
         for p in params:
             p.grad = torch.randn_like(p)
-        return FlexDeMo(params, update="adamw", drift_check_every=0)
+        return FlexDeMo(params, update="adamw", drift_check_every=0, replicator="none")
 
     source = optimizer((5, 3), (4,))
     source.step()

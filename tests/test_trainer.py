@@ -142,7 +142,7 @@ def test_one_process_trains_and_checkpoints(tmp_path):
 
 def test_the_bounded_drift_check_reaches_the_logs(tmp_path):
     args = _args(tmp_path, max_steps=4, per_device_train_batch_size=4, logging_steps=2, save_strategy="no")
-    config = FlexDeMoConfig(on_drift="tolerate", drift_check_every=2)
+    config = FlexDeMoConfig(on_drift="tolerate", drift_check_every=2, replicator="none")  # the emulated wire
     trainer = FlexDeMoTrainer(model=tiny_t5(), args=args, train_dataset=reverse_task(16), flexdemo_config=config)
     trainer.train()
     logs = [e for e in trainer.state.log_history if "loss" in e]

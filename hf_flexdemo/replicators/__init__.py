@@ -19,7 +19,9 @@ REGISTRY: dict[str, type[Replicator]] = {
     LocalReplicator.name: LocalReplicator,
 }
 
-__all__ = ["REGISTRY", "Exchange", "Replicator", "ShardTotals", "exchange_bytes"]
+DENSE = FullReplicator.name  # the uncompressed exchange: one replica's dense limit, finish(final="dense")
+
+__all__ = ["DENSE", "REGISTRY", "Exchange", "Replicator", "ShardTotals", "exchange_bytes"]
 
 
 def exchange_bytes(

@@ -70,6 +70,7 @@ class Replicator(ABC):
     name: ClassVar[str]
     compresses: ClassVar[bool] = True  # selects a rate's share of each block: the rate and budgets apply
     spends_momentum: ClassVar[bool] = False  # the whole momentum is sent, so it is zeroed once applied
+    emulates: ClassVar[bool] = False  # sends nothing: a single replica's stand-in for the wire, chosen explicitly
 
     def __init__(self, group: ReplicateGroup, *, value_dtype: str, consensus: str, seed: int) -> None:
         self.group, self.value_dtype, self.consensus, self.seed = group, value_dtype, consensus, seed

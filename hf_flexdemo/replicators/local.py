@@ -19,6 +19,7 @@ from .demo import DemoReplicator
 
 class LocalReplicator(DemoReplicator):
     name = "none"
+    emulates = True
 
     def __init__(self, group: ReplicateGroup, **kwargs: object) -> None:
         check(group.size == 1, "replicator", self.name, "'demo' | 'random' | 'full' when the replicate group has "
