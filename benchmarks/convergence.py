@@ -165,7 +165,8 @@ def worker_args(args: argparse.Namespace, method: str, lr: float, bleu_samples: 
     preset = [f"--flexdemo_preset={preset_name}"] if preset_name else []
     preset += ["--final_rounds"] if args.final_rounds and method != "adamw" else []
     return [str(HERE / "convergence_worker.py"), *(f"--{k}={v}" for k, v in options.items()), *preset,
-            *harness.flexdemo_flags(args.flexdemo)]  # the user's --flexdemo flags come last: they win
+            # the user's --flexdemo flags come last: they win; the AdamW baseline refuses FlexDeMo knobs
+            *(harness.flexdemo_flags(args.flexdemo) if setup != "adamw" else [])]
 
 
 def run_method(args: argparse.Namespace, method: str, lr: float, bleu_samples: int, scratch: Path) -> dict[str, Any]:
@@ -217,14 +218,14 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
     }
     if run.get("final_rounds"):
         summary["final_rounds"] = run["final_rounds"]
-    traffic = [e for e in history if "flexdemo/total_bytes_sent" in e]
+    traffic = [e for e in history if "flexdemo/bytes_sent" in e]  # the training logs (not the final round's)
     if traffic:
         per_step = [e["flexdemo/bytes_sent"] for e in traffic]
         summary["bytes_sent"] = {
             "source": "flexdemo/* Trainer logs, all ranks" + (
                 " (demo: every rank is a replica, so this counts its 3 peers, one of them on the same node)"
                 if run["topology"]["shard_size"] == 1 else " (inter-node)"),
-            "total": traffic[-1]["flexdemo/total_bytes_sent"],
+            "total": [e for e in history if "flexdemo/total_bytes_sent" in e][-1]["flexdemo/total_bytes_sent"],
             "per_step": sum(per_step) / len(per_step),
             # logs before the bf16 headline had compression_ratio only, against fp32
             "compression_ratio_vs_dense_fp32": traffic[-1].get("flexdemo/compression_ratio_fp32",
