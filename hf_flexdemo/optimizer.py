@@ -87,7 +87,7 @@ PENDING_KEYS = ("pending_delta", "pending_update", *(f"pending_{key}" for key in
 FLOAT32_KEYS = ("delta", *MOMENT_KEYS, *PENDING_KEYS, *local_steps.FLOAT32_KEYS)
 _D = DEFAULTS
 logger = logging.getLogger(__name__)
-FINAL = "compressed"  # finish()'s wire for the last round (docs/design.md "The end of a run")
+FINAL = "compressed"  # finish()'s wire for the last round (docs/how-it-works.md "The end of a run")
 
 
 class FlexDeMo(Optimizer):
@@ -429,7 +429,7 @@ class FlexDeMo(Optimizer):
         brings each node's steps since its last round into the consensus, so the parameters on every replica are
         the model trained (``overlap="delayed"`` step-wise: the held consensus is applied). ``final``: that round's
         wire, the optimizer's own (its error feedback keeps what it holds back) or one dense float32 all-reduce
-        (nothing held back; docs/design.md "The end of a run" measures both). Call it on every rank, after the
+        (nothing held back; docs/how-it-works.md "The end of a run" measures both). Call it on every rank, after the
         last ``step()``; training may go on afterwards. Returns this rank's traffic of the call (``comm_stats``'s
         keys), which ``comm_stats`` then holds; a single replica, or replicas already in agreement, send nothing.
         """

@@ -6,8 +6,33 @@ from __future__ import annotations
 import pytest
 import torch
 from launch import run_worker
+from tiny_model import tiny_t5
+from trainer_worker import reverse_task
+from transformers import AutoModelForSeq2SeqLM, Trainer, TrainingArguments
 
-pytestmark = pytest.mark.multiprocess
+from hf_flexdemo import FlexDeMoTrainer
+
+
+@pytest.mark.parametrize("steps", [2, 8, 16])
+def test_one_process_trains_and_saves_what_torch_adamw_trains(tmp_path, steps):
+    """One process is one replica: FlexDeMoTrainer at its defaults trains as Trainer with torch's AdamW, bit for bit,
+    and the model it saves is the model in memory."""
+    def args(name: str, **extra) -> TrainingArguments:
+        return TrainingArguments(output_dir=str(tmp_path / name), use_cpu=True, max_steps=steps, learning_rate=3e-3,
+                                 per_device_train_batch_size=4, weight_decay=0.0, logging_steps=1, report_to=[],
+                                 save_strategy="no", seed=0, data_seed=0, disable_tqdm=True, **extra)
+
+    ours = FlexDeMoTrainer(model=tiny_t5(), args=args("flexdemo"), train_dataset=reverse_task(64))
+    theirs = Trainer(model=tiny_t5(), args=args("adamw", optim="adamw_torch"), train_dataset=reverse_task(64))
+    ours.train()
+    theirs.train()
+    ours.save_model(str(tmp_path / "saved"))
+    saved = dict(AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "saved").named_parameters())
+    for (name, a), b in zip(ours.model.named_parameters(), theirs.model.parameters()):
+        assert torch.equal(a, b), name
+        assert name not in saved or torch.equal(a, saved[name]), name
+    final = [e for e in ours.state.log_history if "flexdemo/final_round_bytes_sent" in e]
+    assert final and final[0]["flexdemo/final_round_bytes_sent"] == 0
 
 
 @pytest.fixture(scope="module", params=[(2, 1), (2, 2), (1, 2)], ids=lambda t: f"{t[0]}x{t[1]}")
@@ -23,6 +48,7 @@ def _equal(a: dict, b: dict, names=None) -> bool:
     return all(torch.equal(a[n], b[n]) for n in (names or a))
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("steps", [2, 8, 16])
 def test_the_model_after_train_is_the_one_trained_on_every_rank_in_memory_and_on_disk(ranks, steps):
     """Every tensor moved from its initial value (before the end-of-run landing, 2 steps at 4 fragments left the
@@ -38,6 +64,7 @@ def test_the_model_after_train_is_the_one_trained_on_every_rank_in_memory_and_on
     assert all(run["eval_loss"] == first["eval_loss"] for run in runs)
 
 
+@pytest.mark.multiprocess
 def test_on_the_uncompressed_wire_the_model_is_the_mean_of_what_the_nodes_trained(ranks):
     """Every value in float32: the final round leaves the mean over the nodes of their local parameters at the end
     (the anchors alone, as before the landing, miss each fragment's steps since its last round)."""
@@ -51,6 +78,7 @@ def test_on_the_uncompressed_wire_the_model_is_the_mean_of_what_the_nodes_traine
         assert any(not torch.equal(node_values[0][n], node_values[1][n]) for n in model)
 
 
+@pytest.mark.multiprocess
 def test_the_final_round_is_logged_and_counted(ranks):
     nodes, _, results = ranks
     logs = results[0]["defaults"][8]["log_history"]
@@ -61,6 +89,7 @@ def test_the_final_round_is_logged_and_counted(ranks):
     assert (final[0]["flexdemo/final_round_bytes_sent"] > 0) == (nodes > 1)
 
 
+@pytest.mark.multiprocess
 def test_a_second_train_goes_on_from_the_consensus(ranks):
     _, _, results = ranks
     again = [r["again"] for r in results]
@@ -68,6 +97,7 @@ def test_a_second_train_goes_on_from_the_consensus(ranks):
     assert all(_equal(again[0]["model"], other["model"]) for other in again[1:])
 
 
+@pytest.mark.multiprocess
 def test_load_best_model_at_end_keeps_the_best_checkpoint(ranks):
     """The worst evaluation counted as best (``greater_is_better=True``) picks an early checkpoint: the model in
     memory and the saved one are that checkpoint's weights, and ``evaluate()`` returns its logged loss."""

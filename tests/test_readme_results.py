@@ -328,3 +328,21 @@ def test_every_result_records_a_clean_commit_taken_at_start(name):
     data = result(name)
     for header in data.get("invocations", [data]):  # a sweep: every invocation that added runs
         assert len(header["git_commit"]) == 40 and header["git_dirty"] is False
+
+
+def test_the_final_rounds_table_is_the_json():
+    """docs/how-it-works.md "The end of a run": each seed's loss after each way to end the run, and its bytes."""
+    docs = (ROOT / "docs" / "how-it-works.md").read_text()
+    rows = {"anchors": "anchors only (before `finish()`)", "compressed": "final round, compressed (the default)",
+            "dense": "final round, dense float32"}
+    runs = [result(f"final_rounds_quick_seed{seed}") for seed in (42, 43)]
+    for key, label in rows.items():
+        ends = [run["methods"]["flexdemo"]["final_rounds"][key] for run in runs]
+        losses = [f"{end['eval_loss']:.4f}" for end in ends]
+        if key == "compressed":
+            losses = [f"**{loss}**" for loss in losses]
+        sent = ends[0].get("bytes_sent", 0)
+        assert sent == ends[1].get("bytes_sent", 0)
+        assert f"| {label} | {losses[0]} | {losses[1]} | {sent:,.0f} |" in docs
+    assert all(run["git_commit"].startswith("d842b3f") and not run["git_dirty"] for run in runs)
+    assert "at commit d842b3f from a clean tree" in docs
