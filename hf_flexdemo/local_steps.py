@@ -36,6 +36,10 @@ Every anchor starts at step 0, so fragment f's first round is (f + 1) * H / F st
 last. Replicas differ on some fragment at every step after the first, so the consensus parameters are the
 anchors (see below), and a whole round's bytes equal F = 1's plus the F - 1 more collectives' non-finite flags.
 
+The end of a run (:meth:`LocalSteps.finish`, from ``FlexDeMo.finish``): the exchange in flight lands, then one final
+round of every fragment in one collective, and every replica restarts from the anchor, which then holds every step
+trained. Weights loaded from outside become the anchor (:meth:`LocalSteps.adopt`).
+
 ``compression_decay`` is reused as the error-feedback decay: ``delta`` is the same buffer in the same role
 (what compression held back, decayed once per exchange), and its default 0.999 is all but the plain error
 feedback the probe measured (DESIGN.md section 8). A skipped round (a non-finite pseudo-gradient on some

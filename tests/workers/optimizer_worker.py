@@ -143,7 +143,8 @@ def case_reference(args) -> dict:
     topk, chunk, decay = 3, 4, 0.9
     opt = step_wise(model.parameters(), lr=lr, replicate_group=replicas.get_group(), compression_topk=topk,
                    compression_chunk=chunk, compression_decay=decay, update=args.update, value_dtype="float32",
-                   momentum="lr", consensus=args.consensus)  # DeMo's momentum, as the reference computes it
+                   momentum="lr", consensus=args.consensus,  # DeMo's momentum, as the reference computes it
+                   replicator="none" if replicas.size() == 1 else "demo")  # one node: the wire emulated
     params = [local(p) for p in model.parameters()]
     deltas = [[torch.zeros_like(p, dtype=torch.float64)] * replicas.size() for p in params]
     adam_states: list[dict] = [{} for _ in params]
