@@ -83,7 +83,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--out", type=Path, required=True)
     args, flexdemo = parser.parse_known_args()
     # Every other flag is a FlexDeMoConfig field (--compression_rate=0.125 ...), parsed as the recipes parse it.
-    args.flexdemo, _ = harness.parse_flexdemo(flexdemo, method=args.method, shard_size=args.shard_size)
+    fixed = {"method": args.method, **({} if args.method == "demo" else {"shard_size": args.shard_size})}
+    args.flexdemo, _ = harness.parse_flexdemo(flexdemo, **fixed)  # demo shards nothing: its shard_size stays None
     return args
 
 
@@ -181,7 +182,7 @@ def main() -> None:
         eval_strategy="steps", eval_steps=args.eval_steps, eval_on_start=True, logging_steps=args.logging_steps,
         save_strategy="steps" if args.save_steps else "no", save_steps=args.save_steps or 500, report_to="none",
         disable_tqdm=True, seed=args.seed, data_seed=args.data_seed,
-        average_tokens_across_devices=False,  # as the recipe: T5's loss is a mean
+        average_tokens_across_devices=False,  # each rank's token mean, as the committed runs were measured
         predict_with_generate=False, generation_max_length=args.max_target_length, generation_num_beams=1,
     )
     data_args = DataTrainingArguments(

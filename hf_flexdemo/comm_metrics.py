@@ -39,6 +39,29 @@ class CommMetricsCallback(TrainerCallback, ExportableState):
     def __init__(self, total_bytes_sent: float = 0.0) -> None:
         self.total_bytes_sent = total_bytes_sent
         self._window = torch.zeros(len(_SUMMED) + 2, dtype=torch.float64)
+        self._checkpoint_total: float | None = None  # set by checkpoint_total() for the checkpoint being saved
+
+    def on_train_begin(self, args, state, control, **kwargs) -> None:
+        """A resumed run continues the checkpoint's total (``trainer_state.json``'s ``stateful_callbacks``), whatever
+        ``restore_callback_states_from_checkpoint`` says: Trainer restores callbacks only when it is ``True`` (the
+        default is ``False``), and the total and the model card's bytes would restart from 0. On a fresh run the
+        entry is this callback's own state, so nothing changes."""
+        saved = (state.stateful_callbacks or {}).get(type(self).__name__)
+        saved = saved[0] if isinstance(saved, list) and saved else saved
+        if isinstance(saved, dict) and "total_bytes_sent" in saved.get("args", {}):
+            self.total_bytes_sent = float(saved["args"]["total_bytes_sent"])
+
+    def checkpoint_total(self, device: torch.device) -> None:
+        """A collective (every rank calls it before a checkpoint is saved): the total including the optimizer steps
+        since the last log, which :meth:`state` then records, so a resume continues the straight run's count even
+        when the checkpoint's step is not a logging step. The window itself is left for the next log."""
+        pending = self._window[:1].to(device)
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(pending)
+        self._checkpoint_total = self.total_bytes_sent + pending.item()
+
+    def checkpoint_saved(self) -> None:
+        self._checkpoint_total = None
 
     def on_optimizer_step(self, args, state, control, optimizer=None, **kwargs) -> None:
         inner = unwrap_optimizer(optimizer)
@@ -72,4 +95,5 @@ class CommMetricsCallback(TrainerCallback, ExportableState):
         return logs
 
     def state(self) -> dict:
-        return {"args": {"total_bytes_sent": self.total_bytes_sent}, "attributes": {}}
+        total = self.total_bytes_sent if self._checkpoint_total is None else self._checkpoint_total
+        return {"args": {"total_bytes_sent": total}, "attributes": {}}

@@ -59,6 +59,13 @@ class FlexDeMoConfig:
     * ``adamw``: the stock baseline: FSDP2 HSDP (dense all-reduce across nodes) with torch AdamW.
 
     The learning rate, weight decay and AdamW constants come from ``TrainingArguments``.
+
+    What does not apply is refused rather than ignored: with ``method="adamw"`` the FlexDeMo knobs (every field
+    but ``method``, ``shard_size``, ``reduce_dtype`` and ``resume_policy``) and ``flexdemo_preset`` must stay at
+    their defaults, since the baseline runs torch's AdamW and FSDP's dense all-reduce and reads none of them;
+    ``reduce_dtype`` is the baseline's alone; ``method="demo"`` shards nothing, so ``shard_size`` is ``None`` or 1;
+    a knob that only acts with another one (``outer_*`` with ``local_steps > 1``, the budget's rate bounds with a
+    budget) is refused without it (:func:`hf_flexdemo.knobs.validate`).
     """
 
     method: Method = field(default="flexdemo", metadata={"help": "Training setup."})
@@ -121,6 +128,21 @@ class FlexDeMoConfig:
                              "accepted: reduce_dtype='float32' unless method='adamw' (it sets the AdamW-HSDP "
                              "baseline's gradient reduction; FlexDeMo's exchange has its own wire type, "
                              "value_dtype).")
+        if self.method == "adamw":
+            moved = {key: value for key, value in self.optimizer_kwargs().items() if value != knobs.DEFAULTS[key]}
+            if self.flexdemo_preset != "default":
+                moved = {"flexdemo_preset": self.flexdemo_preset, **moved}
+            if moved:
+                given = ", ".join(f"{key}={value!r}" for key, value in moved.items())
+                raise ValueError(f"FlexDeMoConfig: {given} with method='adamw'; accepted: the defaults with "
+                                 "method='adamw' (the AdamW-HSDP baseline: torch's AdamW and FSDP's dense all-reduce "
+                                 "between nodes, which read no FlexDeMo knob), or method='flexdemo' | 'demo' to "
+                                 "use them.")
+            return  # nothing to resolve: the fields keep their defaults (replace() and a re-parse round-trip)
+        if self.method == "demo" and self.shard_size not in (None, 1):
+            raise ValueError(f"FlexDeMoConfig: shard_size={self.shard_size!r} with method='demo'; accepted: None or 1 "
+                             "with method='demo' (every rank is its own replica: nothing is sharded), or "
+                             "method='flexdemo' to shard inside nodes.")
         preset = knobs.apply_preset(self.flexdemo_preset, self.optimizer_kwargs(), field="flexdemo_preset")
         knobs.validate(preset)
         for key, value in knobs.resolve(preset).items():

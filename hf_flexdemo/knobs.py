@@ -110,10 +110,22 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+# Knobs that define what a preset is: a caller's value that contradicts the preset's is refused, not kept (the
+# step-wise and the paper presets exchange every step; local steps would be another mode under the preset's name).
+PRESET_DEFINING: tuple[str, ...] = ("local_steps",)
+
+
 def apply_preset(preset: str, values: dict[str, Any], *, field: str = "preset") -> dict[str, Any]:
     """``values`` with the preset's knobs in place of those left at their default: a knob set to anything but
-    its default keeps the caller's value. ``field`` names the setting in an error."""
+    its default keeps the caller's value, except a :data:`PRESET_DEFINING` knob that contradicts the preset's,
+    which is refused. ``field`` names the setting in an error."""
     check(preset in PRESETS, field, preset, " | ".join(PRESETS))
+    for key in PRESET_DEFINING:
+        wanted = PRESETS[preset].get(key, values[key])
+        if values[key] not in (DEFAULTS[key], wanted):
+            raise ValueError(f"FlexDeMo: invalid {key}={values[key]!r} with {field}={preset!r}; accepted: {wanted!r} "
+                             f"(the preset's: {key}={wanted!r} is what {preset!r} means) or the default; for "
+                             f"{key}={values[key]!r} drop the preset ({field}='default') and set the knobs you want.")
     return {**values, **{key: value for key, value in PRESETS[preset].items() if values[key] == DEFAULTS[key]}}
 
 
@@ -242,6 +254,7 @@ def validate(knobs: Mapping[str, Any]) -> None:
               get("outer_delay"), f"1 <= outer_delay <= local_steps={get('local_steps')} (the exchange lands within "
               "the next round)")
     _check_fragments(knobs)
+    _check_no_effect(knobs)
     if get("budget_bytes") is not None or get("budget_fraction") is not None:
         check(get("budget_bytes") is None or get("budget_fraction") is None, "budget_bytes, budget_fraction",
                (get("budget_bytes"), get("budget_fraction")), "one of them (the other None)")
@@ -273,6 +286,30 @@ def _check_fragments(knobs: Mapping[str, Any]) -> None:
         check(delay <= slot, "outer_delay", delay, f"1 <= outer_delay <= local_steps / outer_fragments = {local} / "
               f"{fragments} = {slot} with outer_fragments={fragments} (one fragment's exchange in flight at a time); "
               "lower outer_delay or outer_fragments")
+
+
+def _check_no_effect(knobs: Mapping[str, Any]) -> None:
+    """Knobs set away from their default where nothing reads them (those present, with the knob they depend on):
+    refused, as ``outer_fragments`` with ``local_steps=1`` is, rather than accepted and ignored."""
+    local, overlap = knobs.get("local_steps"), knobs.get("overlap")
+    moved = [name for name in ("outer_lr", "outer_momentum", "outer_delay")
+             if name in knobs and knobs[name] != DEFAULTS[name]]
+    if local == 1 and moved:
+        name = moved[0]
+        check(False, name, knobs[name], f"{DEFAULTS[name]!r} (the default) with local_steps=1: the outer step moves "
+              "the anchor once a round of local steps, and step-wise there are none; set local_steps=H > 1 to use "
+              f"{name}, or leave it at its default")
+    if local is not None and local > 1 and overlap == "none" and knobs.get("outer_delay", 1) != DEFAULTS["outer_delay"]:
+        check(False, "outer_delay", knobs["outer_delay"], f"{DEFAULTS['outer_delay']!r} (the default) with "
+              "overlap='none': each round's exchange is waited for in step(), and outer_delay is how many inner steps "
+              "a streamed one travels; set overlap='delayed' (or 'auto') to stream")
+    if "budget_bytes" in knobs and "budget_fraction" in knobs and knobs["budget_bytes"] is None \
+            and knobs["budget_fraction"] is None:
+        for name in ("budget_min_rate", "budget_max_rate"):
+            if name in knobs and knobs[name] != DEFAULTS[name]:
+                check(False, name, knobs[name], f"the default ({DEFAULTS[name]!r}) without a budget: it bounds the "
+                      "rate a budget chooses; set budget_bytes or budget_fraction, or fix the rate with "
+                      "compression_rate")
 
 
 # What each knob means: FlexDeMoConfig's --help and FlexDeMo's argument reference.
@@ -314,8 +351,8 @@ HELP: dict[str, str] = {
                     "and rank (with local_steps > 1: a round's bytes over its local_steps steps).",
     "budget_fraction": "Instead of a rate: the fraction of the step time the step may wait on the exchange (the "
                        "rate follows measured times, agreed by every rank).",
-    "budget_min_rate": "Lowest rate a budget may choose.",
-    "budget_max_rate": "Highest rate a budget may choose.",
+    "budget_min_rate": "Lowest rate a budget may choose (refused without a budget).",
+    "budget_max_rate": "Highest rate a budget may choose (refused without a budget).",
     "on_nonfinite": "A NaN/Inf gradient on any rank: every rank skips the step (skip), or raises (raise).",
     "drift_check_every": "Compare the replicas' parameters across nodes every N steps (0: never).",
     "on_drift": "How replicas are compared and what a difference does. auto (the default): raise where every "
@@ -335,12 +372,14 @@ HELP: dict[str, str] = {
                    "(anchor - local) enters error feedback, is compressed by the replicator and exchanged once, "
                    "and every node restarts from the updated anchor (DiLoCo / SparseLoCo). 1: exchange every step "
                    "(FlexDeMo's step-wise mode, preset='step-wise').",
-    "outer_lr": "local_steps > 1: the anchor moves by outer_lr times the replicas' mean pseudo-gradient.",
+    "outer_lr": "local_steps > 1: the anchor moves by outer_lr times the replicas' mean pseudo-gradient (another "
+                "value with local_steps=1 is refused: it would do nothing).",
     "outer_momentum": "local_steps > 1: Nesterov momentum of that outer step (DiLoCo: outer_lr 0.7, 0.9); 0: plain "
-                      "averaging with error feedback (SparseLoCo).",
+                      "averaging with error feedback (SparseLoCo); refused with local_steps=1.",
     "outer_delay": "local_steps > 1 with overlap='delayed' (streaming): the inner steps a round's exchange travels "
                    "during before it moves the anchor (Streaming DiLoCo's tau); the progress of those steps enters "
-                   "error feedback, so replicas restart from one anchor and nothing is lost.",
+                   "error feedback, so replicas restart from one anchor and nothing is lost. Refused with "
+                   "local_steps=1 or overlap='none', where nothing streams.",
     "outer_fragments": "local_steps > 1, streamed: split the parameters into this many fragments (balanced by size) "
                        "whose rounds are staggered by local_steps / outer_fragments steps (Streaming DiLoCo), so "
                        "each exchange carries about 1/outer_fragments of the payload and the link is busy evenly; "
@@ -355,4 +394,5 @@ PRESET_HELP = ("A named set of knob values applied to the knobs left at their de
                "local steps), flexdemo-paper (the "
                "FlexDeMo authors' rule: momentum=lr, update=sign, consensus=choosers, 4 of each 8 x 8 block, float32 "
                "values), demo-paper (DeMo's defaults: 32 of each 64 x 64 block, sign, float32 values); the paper "
-               "presets are step-wise. A knob set to anything but its default overrides the preset.")
+               "presets are step-wise. A knob set to anything but its default overrides the preset, except a "
+               "local_steps that contradicts a step-wise preset, which is refused.")

@@ -66,16 +66,53 @@ def validate_shard_size(shard_size: int, world_size: int) -> None:
 # Where launchers say how many processes form a node, in order of precedence: accelerate's
 # ``parallelism_config_dp_shard_size`` (from the YAML), then torchrun's ``--nproc_per_node``.
 SHARD_SIZE_ENV = ("PARALLELISM_CONFIG_DP_SHARD_SIZE", "LOCAL_WORLD_SIZE")
+# `accelerate launch` exports the YAML's parallelism_config as PARALLELISM_CONFIG_<FIELD> (accelerate.utils.launch.
+# prepare_extend_env_parallelism_config): the number of nodes, and the parallelisms the trainer does not run.
+REPLICATE_SIZE_ENV = "PARALLELISM_CONFIG_DP_REPLICATE_SIZE"
+UNSUPPORTED_SIZE_ENV = ("PARALLELISM_CONFIG_TP_SIZE", "PARALLELISM_CONFIG_CP_SIZE", "PARALLELISM_CONFIG_SP_SIZE")
+
+
+def launcher_shard_size() -> tuple[str, int] | None:
+    """The launcher's processes per node and the variable that says it (the first of ``SHARD_SIZE_ENV`` set)."""
+    name = next((name for name in SHARD_SIZE_ENV if os.environ.get(name)), None)
+    return None if name is None else (name, int(os.environ[name]))
+
+
+def _check_accelerate_config(world_size: int, shard_size: int | None) -> None:
+    """Refuse an accelerate YAML that asks for a parallelism this package does not run (the trainer builds its own
+    parallelism config), or, when it says the shard size (``shard_size``), whose ``dp_replicate_size x
+    dp_shard_size`` is not the number of processes."""
+    for name in UNSUPPORTED_SIZE_ENV:
+        if os.environ.get(name, "1") not in ("", "1"):
+            field = name.lower()
+            raise ValueError(f"FlexDeMo: invalid {field}={os.environ[name]} (the accelerate config's "
+                             f"parallelism_config); accepted: 1: FSDP2 inside each node and FlexDeMo between nodes "
+                             f"are data parallelism only; set {field}: 1 in the YAML.")
+    replicate = os.environ.get(REPLICATE_SIZE_ENV)
+    if shard_size is None or not replicate or int(replicate) * shard_size == world_size:
+        return
+    nodes = world_size // shard_size if world_size % shard_size == 0 else None
+    fix = (f"parallelism_config_dp_replicate_size: {nodes} (nodes) with parallelism_config_dp_shard_size: {shard_size} "
+           "(processes per node)" if nodes else "a parallelism_config_dp_shard_size that divides num_processes")
+    raise ValueError(f"FlexDeMo: invalid parallelism_config_dp_replicate_size x parallelism_config_dp_shard_size = "
+                     f"{replicate} x {shard_size} = {int(replicate) * shard_size} (the accelerate config's "
+                     f"parallelism_config); accepted: a product equal to the {world_size} processes launched "
+                     f"(num_processes); set {fix} in the YAML, or launch {int(replicate) * shard_size} processes.")
 
 
 def resolve_shard_size(world_size: int, shard_size: int | None = None) -> int:
     """Processes per node: ``shard_size`` if given, else the launcher's (``SHARD_SIZE_ENV``), else the world.
 
-    Raises ``ValueError`` listing the accepted values unless the result divides ``world_size``.
+    Raises ``ValueError`` listing the accepted values unless the result divides ``world_size``; and, when the
+    value comes from an accelerate YAML, unless its ``dp_replicate_size x dp_shard_size`` is ``world_size``.
+    An accelerate YAML asking for tensor, context or sequence parallelism is refused either way.
     """
+    from_yaml = None
     if shard_size is None:
-        launcher = next((os.environ[name] for name in SHARD_SIZE_ENV if os.environ.get(name)), None)
-        shard_size = int(launcher) if launcher else world_size
+        launcher = launcher_shard_size()
+        shard_size = launcher[1] if launcher else world_size
+        from_yaml = shard_size if launcher and launcher[0] == SHARD_SIZE_ENV[0] else None
+    _check_accelerate_config(world_size, from_yaml)
     validate_shard_size(shard_size, world_size)
     return shard_size
 

@@ -92,10 +92,7 @@ def load_model(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase) -
         model.resize_token_embeddings(len(tokenizer))
     if model.config.decoder_start_token_id is None:
         raise ValueError("the model config has no decoder_start_token_id; it cannot generate")
-    # T5's forward takes **kwargs but its loss is a token mean that ignores num_items_in_batch: without this,
-    # Trainer takes the loss as already normalised and skips dividing it by gradient_accumulation_steps.
-    model.accepts_loss_kwargs = False
-    return model
+    return model  # T5's loss ignores num_items_in_batch; FlexDeMoTrainer.compute_loss weighs it by tokens anyway
 
 
 def build_trainer(

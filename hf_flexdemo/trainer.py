@@ -18,8 +18,11 @@ What it changes in ``Trainer``, and why:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import difflib
+import inspect
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
@@ -37,15 +40,21 @@ from torch.nn.parallel import DistributedDataParallel
 from transformers import Seq2SeqTrainer, Trainer, TrainingArguments
 from transformers.trainer import SCHEDULER_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
+from transformers.training_args import OptimizerNames
 from transformers.utils import SAFE_WEIGHTS_NAME
+from transformers.utils import logging as hf_logging
 
 from . import checkpoint
 from .comm_metrics import CommMetricsCallback, unwrap_optimizer
 from .config import FlexDeMoConfig
 from .cpu_fsdp import enable_fsdp_on_cpu
-from .mesh import group_timeout, init_process_group, shard_model
+from .mesh import group_timeout, init_process_group, launcher_shard_size, shard_model
 from .optimizer import FlexDeMo
 from .topology import Topology, parallelism_config
+
+# Trainer's own logger: the setup line obeys TrainingArguments.log_level / log_level_replica (and transformers'
+# set_verbosity_*) exactly as Trainer's "***** Running training *****" summary does.
+logger = hf_logging.get_logger("transformers.trainer")
 
 # Set by `accelerate launch` from a YAML; the trainer passes its own plugin and parallelism config.
 _LAUNCHER_ENV = ("ACCELERATE_USE_FSDP", "ACCELERATE_USE_PARALLELISM_CONFIG")
@@ -84,6 +93,52 @@ def training_mode(config: FlexDeMoConfig) -> str:
             f"exchange (top-k of its {selected}, {outer}, outer lr {config.outer_lr:g}{streaming})")
 
 
+def as_config(config: FlexDeMoConfig | Mapping[str, Any] | None) -> FlexDeMoConfig:
+    """``flexdemo_config=`` as a ``FlexDeMoConfig``: ``None`` gives the defaults, a dict its fields; an unknown key
+    is refused with the closest field name, any other type is refused."""
+    if config is None or isinstance(config, FlexDeMoConfig):
+        return config or FlexDeMoConfig()
+    if not isinstance(config, Mapping):
+        raise ValueError(f"FlexDeMo: invalid flexdemo_config={config!r} (a {type(config).__name__}); accepted: a "
+                         "FlexDeMoConfig, a dict of its fields (e.g. {'local_steps': 4}), or None for the defaults.")
+    names = [f.name for f in dataclasses.fields(FlexDeMoConfig)]
+    for key in config:
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else "FlexDeMoConfig's fields are listed by --help"
+            raise ValueError(f"FlexDeMo: invalid flexdemo_config key {key!r}; accepted: a FlexDeMoConfig field "
+                             f"({hint})")
+    return FlexDeMoConfig(**config)
+
+
+def describe_setup(config: FlexDeMoConfig, topology: Topology, source: str) -> str:
+    """The topology resolved (``source``: what said the processes per node) and what crosses nodes, in one line."""
+    nodes, per_node = topology.replicate_size, topology.shard_size
+    head = (f"FlexDeMo: {nodes} node(s) x {per_node} process(es) ({source}), method={config.method!r}: ")
+    if nodes == 1:
+        alone = "one process" if per_node == 1 else f"FSDP2 over the node's {per_node} processes"
+        if config.method != "flexdemo" or per_node == 1:
+            return head + f"{alone}; nothing crosses nodes."
+        return head + (f"{alone}; nothing crosses nodes (flexdemo/bytes_sent stays 0): FlexDeMo has no other node "
+                       "to exchange with. To train across nodes, launch on each of them (torchrun --nnodes N "
+                       "--nproc_per_node P, or an accelerate YAML with parallelism_config_dp_replicate_size: N).")
+    if config.method == "adamw":
+        return head + (f"FSDP2 HSDP: sharded inside each node, a dense {config.reduce_dtype} gradient all-reduce "
+                       "between nodes (torch AdamW).")
+    if config.method == "demo":
+        return head + f"no sharding; DeMo's compressed exchange across all {topology.world_size} ranks."
+    return head + f"FSDP2 inside each node, FlexDeMo between nodes ({training_mode(config)})."
+
+
+def _trainer_arguments(init: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``Trainer.__init__``'s arguments by name, positional ones included (``kwargs`` if they do not bind: Trainer
+    then reports the call itself)."""
+    try:
+        return dict(inspect.signature(init).bind_partial(*args, **kwargs).arguments)
+    except TypeError:
+        return dict(kwargs)
+
+
 class FlexDeMoTrainer(Trainer):
     """``Trainer`` that trains with FlexDeMo (or the DeMo / AdamW-HSDP baselines) across nodes.
 
@@ -93,13 +148,14 @@ class FlexDeMoTrainer(Trainer):
             weight decay, AdamW betas/epsilon, schedule, logging and saving come from ``args``.
     """
 
-    def __init__(self, *args: Any, flexdemo_config: FlexDeMoConfig | None = None, **kwargs: Any) -> None:
-        self.flexdemo_config = flexdemo_config or FlexDeMoConfig()
+    def __init__(self, *args: Any, flexdemo_config: FlexDeMoConfig | dict[str, Any] | None = None,
+                 **kwargs: Any) -> None:
+        self.flexdemo_config = as_config(flexdemo_config)
         training_args: TrainingArguments | None = kwargs.get("args", args[1] if len(args) > 1 else None)
         if training_args is None:
             raise ValueError("FlexDeMoTrainer needs args=TrainingArguments(...).")
         self._init_distributed(training_args)
-        self._check_arguments(training_args, kwargs)
+        self._check_arguments(training_args, _trainer_arguments(super().__init__, args, kwargs))
         shard_size = 1 if self.flexdemo_config.method == "demo" else self.flexdemo_config.shard_size
         self.topology = Topology.resolve(training_args.world_size, shard_size)
         self._parallelism = parallelism_config(self.flexdemo_config.method, self.topology)
@@ -108,8 +164,8 @@ class FlexDeMoTrainer(Trainer):
         super().__init__(*args, **kwargs)
         if self.is_fsdp_enabled:
             self._shard_model()
-        self.comm_metrics = CommMetricsCallback()
-        self.add_callback(self.comm_metrics)
+        self.add_callback(CommMetricsCallback())  # read through the comm_metrics property
+        self._log_setup()
         self._reshard = False  # set by train(): the checkpoint resumed was written on another topology
         # weights loaded into the model (the best checkpoint, a user's load_state_dict) become the consensus
         self.model.register_load_state_dict_post_hook(self._adopt_loaded_weights)
@@ -140,6 +196,25 @@ class FlexDeMoTrainer(Trainer):
         if self.flexdemo_config.method != "adamw" and kwargs.get("optimizer_cls_and_kwargs") is not None:
             raise ValueError("optimizer_cls_and_kwargs is not accepted with method='flexdemo'/'demo': the "
                              "optimizer is FlexDeMo, configured by flexdemo_config.")
+        if self.flexdemo_config.method == "adamw":
+            return
+        method = self.flexdemo_config.method
+        optimizers = kwargs.get("optimizers") or (None, None)
+        if any(part is not None for part in optimizers):
+            given = ", ".join(type(part).__name__ if part is not None else "None" for part in optimizers)
+            raise ValueError(f"FlexDeMo: invalid optimizers=({given}) with method={method!r}; accepted: (None, None), "
+                             "the default: the optimizer is FlexDeMo, configured by flexdemo_config, and its schedule "
+                             "comes from TrainingArguments (lr_scheduler_type, warmup_*); for another optimizer use "
+                             "method='adamw' or transformers.Trainer.")
+        default = OptimizerNames(TrainingArguments.__dataclass_fields__["optim"].default)
+        if OptimizerNames(args.optim) != default:
+            raise ValueError(f"FlexDeMo: invalid optim={OptimizerNames(args.optim).value!r} with method={method!r}; "
+                             f"accepted: the default ({default.value!r}, which it replaces): the optimizer is "
+                             "FlexDeMo, whose knobs are FlexDeMoConfig's fields; drop --optim, or use method='adamw' "
+                             "for the AdamW baseline.")
+        if args.optim_args:
+            raise ValueError(f"FlexDeMo: invalid optim_args={args.optim_args!r} with method={method!r}; accepted: "
+                             "None: FlexDeMo's knobs are FlexDeMoConfig's fields (flexdemo_config).")
 
     def _configure_accelerate(self, args: TrainingArguments) -> None:
         """Point ``args`` at the FSDP2 plugin and parallelism config of the chosen method."""
@@ -188,6 +263,31 @@ class FlexDeMoTrainer(Trainer):
         inner = unwrap_optimizer(self.optimizer)
         return inner if isinstance(inner, FlexDeMo) else None
 
+    @property
+    def comm_metrics(self) -> CommMetricsCallback:
+        """The traffic counter: the callback handler's instance (Trainer swaps in a new one when it restores callback
+        states from a checkpoint, ``restore_callback_states_from_checkpoint=True``)."""
+        return next(cb for cb in self.callback_handler.callbacks if isinstance(cb, CommMetricsCallback))
+
+    def _log_setup(self) -> None:
+        """Once, on the main process: the topology resolved and what crosses nodes. A warning where FlexDeMo has
+        no other node to exchange with although several processes were launched (every step then logs
+        ``bytes_sent`` 0); otherwise at info level, as Trainer's own run summary (``log_level="info"`` shows it)."""
+        if not self.is_world_process_zero():
+            return
+        config, topology = self.flexdemo_config, self.topology
+        if config.method == "demo":
+            source = "method='demo': every rank is its own replica"
+        elif config.shard_size is not None:
+            source = f"shard_size={config.shard_size}"
+        elif (launcher := launcher_shard_size()) is not None:
+            source = f"{launcher[0]}={launcher[1]}"
+        else:
+            source = "no launcher variable: one node"
+        message = describe_setup(config, topology, source)
+        alone = config.method == "flexdemo" and topology.replicate_size == 1 and topology.world_size > 1
+        (logger.warning if alone else logger.info)(message)
+
     def replicate_group(self) -> dist.ProcessGroup | None:
         """The ranks holding the same shard on other nodes (``None`` on a single node)."""
         if self.topology.replicate_size == 1:
@@ -219,6 +319,35 @@ class FlexDeMoTrainer(Trainer):
                 model.register_comm_hook(None, _local_gradients)
                 model._flexdemo_local_gradients = True
         return super().training_step(model, inputs, num_items_in_batch)
+
+    def compute_loss(self, model: torch.nn.Module, inputs: dict[str, Any], return_outputs: bool = False,
+                     num_items_in_batch: torch.Tensor | int | None = None):
+        """As ``Trainer``, with a token-weighted loss whether or not the model reads ``num_items_in_batch``.
+
+        Trainer takes a model whose ``forward`` has ``**kwargs`` to divide its summed loss by
+        ``num_items_in_batch`` (the tokens of the step's micro-batches, over all ranks with
+        ``average_tokens_across_devices``), so it neither divides the loss by the accumulation steps nor
+        leaves it unmultiplied by the number of processes. T5's (and other seq2seq models') loss is a token mean
+        that ignores it: their loss and gradient came out ``processes x accumulation steps`` too large (4x on 2 x
+        2), and ``max_grad_norm`` clipped another gradient. Here the model gets this micro-batch's own label count,
+        so it returns the micro-batch's token mean either way, and the loss is rescaled by that count over
+        ``num_items_in_batch``: every model's loss is then what a model that reads the count gets from Trainer.
+        That one needs nothing FlexDeMo-specific: FSDP2's mean over a node's ``S`` ranks of ``W x`` (its ranks'
+        summed token losses) ``/ N`` is the node's token sum over the mean node's tokens ``N / R``, and FlexDeMo's
+        mean over the ``R`` nodes is the global token mean (measured: a tiny Llama logs the same loss and
+        gradient norm either way)."""
+        if (num_items_in_batch is None or not self.model_accepts_loss_kwargs or self.compute_loss_func is not None
+                or self.label_smoother is not None):
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        if "shift_labels" in inputs:
+            labels = inputs["shift_labels"]
+        else:
+            labels = inputs["labels"][..., 1:] if getattr(self, "_loss_shifts_labels", False) else inputs["labels"]
+        own = labels.ne(-100).sum()
+        result = super().compute_loss(model, inputs, return_outputs, num_items_in_batch=own.clamp(min=1))
+        loss, outputs = result if return_outputs else (result, None)
+        loss = loss * (own / num_items_in_batch)
+        return (loss, outputs) if return_outputs else loss
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs and self.flexdemo_optimizer is not None:
@@ -320,10 +449,13 @@ class FlexDeMoTrainer(Trainer):
     def _save_checkpoint(self, model: torch.nn.Module, trial) -> None:
         limit = self.args.save_total_limit
         self.args.save_total_limit = None  # rotate only once the new checkpoint is complete
+        if self.flexdemo_optimizer is not None:  # trainer_state.json records the total, unlogged steps included
+            self.comm_metrics.checkpoint_total(self.accelerator.device)
         try:
             super()._save_checkpoint(model, trial)
         finally:
             self.args.save_total_limit = limit
+            self.comm_metrics.checkpoint_saved()
         run_dir = self._get_output_dir(trial=trial)
         folder = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
         self.accelerator.wait_for_everyone()
@@ -367,16 +499,31 @@ class FlexDeMoTrainer(Trainer):
         kwargs["tags"] = [*([tags] if isinstance(tags, str) else tags), "flexdemo"]
         super().create_model_card(*args, **kwargs)
         if self.is_world_process_zero():
-            with open(Path(self.args.output_dir, "README.md"), "a") as card:
+            path = Path(self.args.output_dir, "README.md")
+            if self.flexdemo_config.method != "adamw":  # Trainer names args.optim, which FlexDeMo replaces
+                lines = path.read_text().split("\n")
+                lines = [f"- optimizer: FlexDeMo with betas=({self.args.adam_beta1},{self.args.adam_beta2}) and "
+                         f"epsilon={self.args.adam_epsilon}; its knobs under \"FlexDeMo training\" below"
+                         if line.startswith("- optimizer: ") else line for line in lines]
+                path.write_text("\n".join(lines))
+            with open(path, "a") as card:
                 card.write(self._model_card_section())
 
     def _model_card_section(self) -> str:
         config = asdict(self.flexdemo_config)
+        method = self.flexdemo_config.method
+        how = {"flexdemo": "FSDP2 inside each node, a compressed top-k exchange between nodes (the mode below)",
+               "demo": "its DeMo baseline: no sharding, every rank a replica, DeMo's compressed exchange across all "
+                       "of them",
+               "adamw": "its AdamW baseline: FSDP2 HSDP, sharded inside each node, a dense gradient all-reduce "
+                        "between nodes (torch AdamW; FlexDeMo's knobs do not apply)"}[method]
         lines = ["", "## FlexDeMo training", "",
-                 "Trained with [hf_flexdemo](https://arxiv.org/abs/2502.06728): FSDP2 inside each node, "
-                 "a compressed top-k exchange between nodes (the mode below).", "",
+                 f"Trained with [hf_flexdemo](https://arxiv.org/abs/2502.06728): {how}.", "",
                  f"- topology: {self.topology.replicate_size} node(s) x {self.topology.shard_size} process(es)",
                  f"- mode: {training_mode(self.flexdemo_config)}"]
+        if method == "adamw":
+            config = {key: value for key, value in config.items() if key not in self.flexdemo_config.optimizer_kwargs()
+                      and key != "flexdemo_preset"}
         lines += [f"- {key}: {value}" for key, value in config.items()]
         if self.flexdemo_optimizer is not None and self.comm_metrics.total_bytes_sent:
             lines.append(f"- inter-node bytes sent (all ranks, as of the last log): "

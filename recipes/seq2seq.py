@@ -75,9 +75,6 @@ def recipe_defaults(task: str, given: dict[str, Any]) -> dict[str, Any]:
     defaults: dict[str, Any] = {
         "output_dir": f"outputs/t5_{task}",
         "predict_with_generate": True,
-        # T5's loss is a per-rank mean that ignores num_items_in_batch, so the Trainer's token averaging
-        # across ranks would scale loss and gradients by the number of processes.
-        "average_tokens_across_devices": False,
         # With no accelerator, several launched processes must run on CPU (gloo) rather than as one.
         "use_cpu": not torch.accelerator.is_available(),
     }

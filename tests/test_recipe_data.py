@@ -92,7 +92,7 @@ def test_builtin_job_defaults() -> None:
     assert (training_args.max_steps, training_args.learning_rate) == (600, 3e-3)  # local steps: AdamW's own lr
     assert training_args.do_train and training_args.do_eval and training_args.predict_with_generate
     assert training_args.output_dir == "outputs/t5_translation"
-    assert training_args.average_tokens_across_devices is False
+    assert training_args.average_tokens_across_devices is True  # Trainer's; FlexDeMoTrainer.compute_loss fits T5
     assert (data_args.source_lang, data_args.target_lang, data_args.source_prefix) == ("en", "fr", "")
 
 

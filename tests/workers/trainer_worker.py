@@ -11,7 +11,7 @@ import torch.distributed as dist
 from datasets import Dataset
 from tiny_model import VOCAB_SIZE, tiny_t5
 from torch.distributed.tensor import DTensor
-from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from transformers import TrainingArguments
 
 from hf_flexdemo import FlexDeMoConfig, FlexDeMoTrainer
@@ -57,6 +57,9 @@ def main() -> None:
     parser.add_argument("--local_steps", type=int, default=1)
     parser.add_argument("--value_dtype", default="auto")
     parser.add_argument("--outer_fragments", type=int, default=None, help="default: the package's choice")
+    parser.add_argument("--replicator", default="demo", help="none: one node's emulated wire")
+    parser.add_argument("--undeclared_loss_kwargs", action="store_true", help="T5 as from_pretrained gives it: "
+                        "its forward's **kwargs make Trainer take it to read num_items_in_batch")
     args = parser.parse_args()
 
     training_args = TrainingArguments(
@@ -67,17 +70,22 @@ def main() -> None:
         report_to=[], seed=0, data_seed=0, max_grad_norm=0.0, bf16=args.bf16, fp16=args.fp16,
         dataloader_drop_last=True, disable_tqdm=True,
     )
-    config = FlexDeMoConfig(method=args.method, compression_topk=args.topk or None, compression_chunk=8,
-                            update=args.update, shard_size=args.shard_size or None, overlap=args.overlap,
-                            bucket_cap_mb=args.bucket_cap_mb, reduce_dtype=args.reduce_dtype,
-                            local_steps=args.local_steps, value_dtype=args.value_dtype,
-                            outer_fragments=args.outer_fragments)
+    knobs = {} if args.method == "adamw" else dict(  # the AdamW baseline refuses FlexDeMo knobs
+        compression_topk=args.topk or None, compression_chunk=8, update=args.update, overlap=args.overlap,
+        bucket_cap_mb=args.bucket_cap_mb, local_steps=args.local_steps, value_dtype=args.value_dtype,
+        outer_fragments=args.outer_fragments, replicator=args.replicator)
+    shard_size = None if args.method == "demo" else args.shard_size or None  # demo shards nothing
+    config = FlexDeMoConfig(method=args.method, shard_size=shard_size, reduce_dtype=args.reduce_dtype, **knobs)
     model = tiny_t5()
+    if args.undeclared_loss_kwargs:
+        del model.accepts_loss_kwargs
     # Per optimizer step: whether every reduced gradient (this rank's shard) is exactly a bfloat16 value.
     bf16_exact_grads = []
     register_optimizer_step_pre_hook(lambda opt, *_: bf16_exact_grads.append(all(
         bool((_local(p.grad).view(torch.int32) & 0xFFFF).eq(0).all())
         for group in opt.param_groups for p in group["params"] if p.grad is not None)))
+    last_step = {}  # the last optimizer step's traffic (after train(), comm_stats is the end-of-run landing's)
+    register_optimizer_step_post_hook(lambda opt, *_: last_step.update(getattr(opt, "comm_stats", {})))
     trainer = FlexDeMoTrainer(model=model, args=training_args, train_dataset=reverse_task(512),
                               flexdemo_config=config)
     resume = {"true": True, None: None}.get(args.resume, args.resume)
@@ -96,7 +104,8 @@ def main() -> None:
         "params": params,
         "logits": logits,
         "consensus_logits": consensus_logits,
-        "comm_stats": None if opt is None else opt.comm_stats,
+        "comm_stats": None if opt is None else dict(last_step),
+        "final_stats": None if opt is None else opt.comm_stats,
         "topology": trainer.topology.as_dict(),
         "fsdp": trainer.is_fsdp_enabled,
         "mp_policy": trainer.model._get_fsdp_state()._mp_policy if trainer.is_fsdp_enabled else None,
