@@ -521,6 +521,11 @@ class FlexDeMoTrainer(Trainer):
                  f"Trained with [hf_flexdemo](https://arxiv.org/abs/2502.06728): {how}.", "",
                  f"- topology: {self.topology.replicate_size} node(s) x {self.topology.shard_size} process(es)",
                  f"- mode: {training_mode(self.flexdemo_config)}"]
+        if (optimizer := self.flexdemo_optimizer) is not None and self.topology.replicate_size == 1:
+            lines.append("- one node: nothing crossed nodes, so nothing was compressed: " + (
+                "the optimizer ran as torch's AdamW" if optimizer.adamw_only else "the compressed exchange was "
+                "emulated (replicator='none')" if optimizer.options["replicator"] == "none" else "the exchange ran as "
+                "its dense limit"))
         if method == "adamw":
             config = {key: value for key, value in config.items() if key not in self.flexdemo_config.optimizer_kwargs()
                       and key != "flexdemo_preset"}

@@ -33,6 +33,11 @@ def test_one_process_trains_and_saves_what_torch_adamw_trains(tmp_path, steps):
         assert name not in saved or torch.equal(a, saved[name]), name
     final = [e for e in ours.state.log_history if "flexdemo/final_round_bytes_sent" in e]
     assert final and final[0]["flexdemo/final_round_bytes_sent"] == 0
+    if steps == 2:  # the model card says so
+        ours.create_model_card()
+        card = (tmp_path / "flexdemo" / "README.md").read_text()
+        assert "- one node: nothing crossed nodes, so nothing was compressed: the optimizer ran as torch's AdamW" \
+            in card
 
 
 @pytest.fixture(scope="module", params=[(2, 1), (2, 2), (1, 2)], ids=lambda t: f"{t[0]}x{t[1]}")
