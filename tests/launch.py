@@ -27,17 +27,18 @@ def torchrun(script: str | Path, nproc: int, args: list[str], timeout: float = 3
     return launch(launcher, script, args, timeout, env, check)
 
 
-def accelerate_launch(config: Path, script: str | Path, args: list[str], timeout: float = 300) -> None:
-    """``accelerate launch --config_file config script args``; raises with the log if it fails."""
+def accelerate_launch(config: Path, script: str | Path, args: list[str], timeout: float = 300,
+                      cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """``accelerate launch --config_file config script args`` (in ``cwd``); raises with the log if it fails."""
     launcher = ["accelerate.commands.launch", "--config_file", str(config), "--main_process_port", str(free_port())]
-    launch(launcher, script, args, timeout)
+    return launch(launcher, script, args, timeout, cwd=cwd)
 
 
 def launch(launcher: list[str], script: str | Path, args: list[str], timeout: float = 300, env: dict | None = None,
-           check: bool = True) -> subprocess.CompletedProcess:
+           check: bool = True, cwd: Path | None = None) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", *launcher, str(script), *args]
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", **(env or {})}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd)
     if check and proc.returncode != 0:
         log = f"{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
         raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{log}")

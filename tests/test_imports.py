@@ -1,5 +1,6 @@
 """The optimizer imports without the Hugging Face stack; the trainers load it on first use; the library
-never imports the recipes or the benchmarks; the README's layout table names every library module."""
+never imports the recipes or the benchmarks; the layout table of docs/how-it-works.md names every library
+module."""
 
 import pkgutil
 import subprocess
@@ -57,9 +58,9 @@ def test_trainer_symbols_load_on_first_access():
     assert out.split() == ["True", "True", "True"]
 
 
-def test_the_readme_layout_names_every_library_module():
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    layout = readme.split("### Layout", 1)[1]
+def test_the_docs_layout_names_every_library_module():
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "how-it-works.md").read_text()
+    layout = docs.split("### Layout", 1)[1]
     names = {m.name for m in pkgutil.iter_modules(hf_flexdemo.__path__)} - {"metric_scripts"}
     missing = sorted(name for name in names if f"`{name}`" not in layout and f"`{name}/`" not in layout)
-    assert not missing, f"README's Layout table lacks {missing}"
+    assert not missing, f"the Layout table of docs/how-it-works.md lacks {missing}"

@@ -1,6 +1,7 @@
-"""The README's result figures equal the committed JSON they quote (issue 21): a table is pasted from its JSON,
-a figure is the JSON's value in the README's rounding. A rerun that changes a JSON fails here until the README
-follows it, and every JSON in benchmarks/results records the commit it ran at, from a clean tree."""
+"""The result figures of docs/results.md (and the README's headline table) equal the committed JSON they quote
+(issue 21): a table is pasted from its JSON, a figure is the JSON's value in the page's rounding. A rerun that
+changes a JSON fails here until the page follows it, and every JSON in benchmarks/results records the commit it
+ran at, from a clean tree."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-README = (ROOT / "README.md").read_text()
-PROSE = " ".join(README.split())  # the text with its line breaks as spaces
+PAGE = (ROOT / "docs" / "results.md").read_text()  # every result; the README keeps a headline table
+PROSE = " ".join(PAGE.split())  # the text with its line breaks as spaces
 
 
 def result(name: str) -> dict:
@@ -24,10 +25,10 @@ def test_the_bytes_crossovers_are_the_json(name):
     """The defaults' table is pasted; both crossovers (bf16, fp32) of the defaults and of the step-wise mode."""
     data = result(name)
     if name == "replicator_bytes":
-        assert data["table"].strip() in README
+        assert data["table"].strip() in PAGE
     crossover, steps = data["crossover"], data["settings"]["local_steps"]
-    assert f"`4 n H / payload` = {crossover['demo_ge_dense_bf16_from_R_exact']:.2f} with H = {steps}" in README
-    assert f"R ≈ {crossover['demo_ge_dense_from_R_exact']:.1f}" in README
+    assert f"`4 n H / payload` = {crossover['demo_ge_dense_bf16_from_R_exact']:.2f} with H = {steps}" in PAGE
+    assert f"R ≈ {crossover['demo_ge_dense_from_R_exact']:.1f}" in PAGE
 
 
 @pytest.mark.parametrize("name", ["convergence_quick", "convergence_long"])
@@ -42,8 +43,8 @@ def test_the_convergence_tables_are_the_json(name):
                    f"{per_step:.4g}".replace("e+0", "e"), f"{adamw_bytes / 2 / per_step:.1f}",
                    f"{adamw_bytes / per_step:.1f}")
         for figure in figures:
-            assert figure in README, (name, figure)
-    assert f"{methods['adamw']['final_eval_loss']:.3f}" in README
+            assert figure in PAGE, (name, figure)
+    assert f"{methods['adamw']['final_eval_loss']:.3f}" in PAGE
 
 
 @pytest.mark.parametrize("name", ["sweep_density", "sweep_levers"])
@@ -52,7 +53,7 @@ def test_the_step_wise_sweep_tables_are_the_json(name):
     the ratio to a bf16 all-reduce."""
     data = result(name)
     bf16 = data["runs"]["adamw lr=0.003"]["bytes_sent"]["per_step"] / 2
-    lines = README.splitlines()
+    lines = PAGE.splitlines()
     for row in data["rows"]:
         assert row["status"] == "ok", row["key"]
         gap = "–" if row["gap_pct"] is None else f"{row['gap_pct']:+.2f} %"
@@ -62,17 +63,17 @@ def test_the_step_wise_sweep_tables_are_the_json(name):
 
 
 def test_the_fragments_bandwidth_figures_are_the_json():
-    """Streaming by fragments against the whole model at once, one run each (10 rounds), as the README quotes."""
+    """Streaming by fragments against the whole model at once, one run each (10 rounds), as the page quotes."""
     ratios = {fragments: {int(row["link_mbit"]): row["step_over_compute_only"]
                           for row in result(f"bandwidth_fragments_{fragments}")["rows"] if row["method"] == "flexdemo"}
               for fragments in (1, 2, 4)}
-    assert f"At 10 Mbit/s F = 1 is {ratios[1][10]:.2f} × compute-only" in README
-    assert f"F = 2 {ratios[2][10]:.2f} × and **F = 4 {ratios[4][10]:.2f} ×, within the 1.15 ×**" in README
+    assert f"At 10 Mbit/s F = 1 is {ratios[1][10]:.2f} × compute-only" in PAGE
+    assert f"F = 2 {ratios[2][10]:.2f} × and **F = 4 {ratios[4][10]:.2f} ×, within the 1.15 ×**" in PAGE
     assert ratios[4][10] <= 1.15
-    assert f"Mbit/s {ratios[1][100]:.2f} ×, {ratios[2][100]:.2f} × and {ratios[4][100]:.2f} ×" in README
+    assert f"Mbit/s {ratios[1][100]:.2f} ×, {ratios[2][100]:.2f} × and {ratios[4][100]:.2f} ×" in PAGE
     knob_row = (f"with F = 4, {ratios[4][10]:.2f} × the compute-only step at 10 Mbit/s against F = 1's "
                 f"{ratios[1][10]:.2f} ×")
-    assert knob_row in README
+    assert knob_row in PAGE
 
 
 def test_the_fragments_step_figures_are_the_json():
@@ -83,7 +84,7 @@ def test_the_fragments_step_figures_are_the_json():
     assert (f"gave the\ndefaults of the day {one_round['mean_s'] / adamw['mean_s']:.2f} × AdamW's mean step and the "
             f"fragments {fragments['mean_s'] / adamw['mean_s']:.2f} ×, with a step-to-step IQR of "
             f"{fragments['iqr_s']:.3f} s\nagainst {one_round['iqr_s']:.3f} s (slowest step "
-            f"{max(fragments['step_seconds']):.2f} s against {max(one_round['step_seconds']):.2f} s)") in README
+            f"{max(fragments['step_seconds']):.2f} s against {max(one_round['step_seconds']):.2f} s)") in PAGE
     data = result("optimizer_step")
     methods, steps = data["methods"], data["settings"]["flexdemo_local_steps"]
     defaults, one_round = methods["flexdemo"]["step_seconds"], methods["flexdemo_one_round"]["step_seconds"]
@@ -100,14 +101,14 @@ def test_the_fragments_step_figures_are_the_json():
 def test_the_overlap_table_is_the_json():
     data = result("sweep_overlap")
     adamw = data["runs"]["adamw lr=0.003"]["curve"][-1]["eval_loss"]
-    assert f"| FlexDeMo (step-wise) | final val loss | vs AdamW ({adamw:.3f}) |" in README
+    assert f"| FlexDeMo (step-wise) | final val loss | vs AdamW ({adamw:.3f}) |" in PAGE
     for key, overlap, lr in (("flexdemo lr=0.003 overlap=none", "none", "3e-3"),
                              ("flexdemo lr=0.003 overlap=delayed", "delayed", "3e-3"),
                              ("flexdemo lr=0.001 overlap=delayed", "delayed", "1e-3")):
         loss = data["runs"][key]["curve"][-1]["eval_loss"]
         row = f"| {loss:.3f} | {100 * (loss / adamw - 1):+.2f} % |"
         assert any(line.startswith(f"| `overlap=\"{overlap}\"`") and f"lr {lr} |" in line and line.endswith(row)
-                   for line in README.splitlines()), key
+                   for line in PAGE.splitlines()), key
 
 
 def test_the_optimizer_step_table_is_the_json():
@@ -115,10 +116,10 @@ def test_the_optimizer_step_table_is_the_json():
     methods, adamw = data["methods"], data["methods"]["adamw"]["mean_s"]
     for name, method in methods.items():
         cells = f"| {method['median_s']:.3f} | {method['mean_s']:.3f} | "
-        assert cells in README, name
-        assert f"{method['mean_s'] / adamw:.2f}" in README, name
+        assert cells in PAGE, name
+        assert f"{method['mean_s'] / adamw:.2f}" in PAGE, name
     ratio = data["ratios"]["flexdemo/adamw (mean)"]
-    assert f"**{ratio:.2f}: {'met' if ratio <= 1.5 else 'missed'}**" in README
+    assert f"**{ratio:.2f}: {'met' if ratio <= 1.5 else 'missed'}**" in PAGE
     repeat = result("optimizer_step_repeat")["ratios"]  # the same command again, right after
     assert (f"({repeat['flexdemo/adamw (mean)']:.2f} in the run after it; "
             f"{data['ratios']['flexdemo/adamw_foreach (mean)']:.2f} × its foreach implementation's step, "
@@ -134,37 +135,37 @@ def test_the_bandwidth_figures_are_the_json(name):
         if name == "bandwidth_quick":
             cells = (f"| {row['step_seconds']:.3f} ({row['step_statistic']}) | {row['step_over_compute_only']:.2f} |",
                      f"| {row['link_bytes_per_step']:.4g} | {row['reported_bytes_per_step']:.4g} |")
-            assert all(c in README for c in cells), (row["link_mbit"], row["method"])
+            assert all(c in PAGE for c in cells), (row["link_mbit"], row["method"])
         elif row["link_mbit"] == 10 and row["method"].startswith("flexdemo"):
-            assert f"{row['step_over_compute_only']:.2f} ×" in README, row["method"]
+            assert f"{row['step_over_compute_only']:.2f} ×" in PAGE, row["method"]
     best = {t["link_mbit"]: t["variants"]["flexdemo"]["value"] for t in data["targets"].values()
             if "flexdemo" in t["variants"]}
     for link, value in best.items():
-        assert f"{value:.2f}: {'met' if value <= {10.0: 1.15, 100.0: 1.05}[link] else 'missed'}" in README, link
+        assert f"{value:.2f}: {'met' if value <= {10.0: 1.15, 100.0: 1.05}[link] else 'missed'}" in PAGE, link
 
 
 def test_the_later_landing_probes_are_the_json():
     slow = {delay: next(r for r in result(f"bandwidth_outer_delay_{delay}")["rows"]
                         if r["link_mbit"] == 10 and r["method"] == "flexdemo") for delay in (2, 3)}
-    assert f"τ = 2 is {slow[2]['step_over_compute_only']:.2f} × at 10 Mbit/s" in README
-    assert f"waiting, {slow[2]['exchange_wait_over_step']:.2f} of the" in README
-    assert f"τ = 3 {slow[3]['step_over_compute_only']:.2f} × with nothing waited" in README
+    assert f"τ = 2 is {slow[2]['step_over_compute_only']:.2f} × at 10 Mbit/s" in PAGE
+    assert f"waiting, {slow[2]['exchange_wait_over_step']:.2f} of the" in PAGE
+    assert f"τ = 3 {slow[3]['step_over_compute_only']:.2f} × with nothing waited" in PAGE
     assert slow[3]["exchange_wait_over_step"] < 0.01
 
 
 def test_the_time_to_target_figures_are_the_json():
     data = result("time_to_target_quick")
-    assert f"the target at **{data['compute_only']['seconds']:.1f} s**" in README
+    assert f"the target at **{data['compute_only']['seconds']:.1f} s**" in PAGE
     for link, ratios in data["vs_compute_only"].items():
         flexdemo, adamw = data["time_to_target"][link]["flexdemo"], data["time_to_target"][link]["adamw"]
         cells = f"| {flexdemo['seconds']:.1f} (step {flexdemo['step']:.0f}) | **{ratios['flexdemo']:.2f}** |"
-        assert cells in README, link
+        assert cells in PAGE, link
         if adamw["reached"]:
-            assert f"| {adamw['seconds']:.1f} (step {adamw['step']:.0f}) | {ratios['adamw']:.2f} |" in README, link
+            assert f"| {adamw['seconds']:.1f} (step {adamw['step']:.0f}) | {ratios['adamw']:.2f} |" in PAGE, link
         else:
-            assert f"≥ {ratios['adamw_lower_bound']:.2f} (projected {ratios['adamw_projected']:.2f})" in README, link
-    assert f"**{data['speedup_to_target']['25']:.2f}** |" in README
-    assert f"{data['speedup_to_target']['25']:.2f} × sooner than AdamW-HSDP" in README
+            assert f"≥ {ratios['adamw_lower_bound']:.2f} (projected {ratios['adamw_projected']:.2f})" in PAGE, link
+    assert f"**{data['speedup_to_target']['25']:.2f}** |" in PAGE
+    assert f"{data['speedup_to_target']['25']:.2f} × sooner than AdamW-HSDP" in PAGE
     assert not any(t[m]["at_boundary"] for t in data["time_to_target"].values() for m in ("adamw", "flexdemo"))
 
 
@@ -183,7 +184,7 @@ def test_the_local_steps_table_is_the_json():
     assert "Xeon" in xeon["machine"]["cpu_model"]
     reference = xeon["methods"]["adamw"]
     adamw[42, "Xeon"] = (reference["final_eval_loss"], reference["bytes_sent"]["per_step"])
-    rows = [line for line in README.splitlines() if line.startswith("| ")]
+    rows = [line for line in PAGE.splitlines() if line.startswith("| ")]
     for run in (r for r in runs if r["method"] == "flexdemo"):
         knobs = run["knobs"]
         base_loss, base_bytes = adamw[knobs.get("seed", 42), cpu(run)]
@@ -209,21 +210,21 @@ def test_the_local_steps_1000_step_table_is_the_json():
         gaps = [100 * (loss / final["adamw", 1, "none", 1, "dct", seed] - 1) for loss, seed in zip(losses, (42, 7))]
         row = (f"| {losses[0]:.3f} | {losses[1]:.3f} | {gaps[0]:+.2f} % | {gaps[1]:+.2f} % | "
                f"**{sum(gaps) / 2:+.2f} %** |")
-        assert row in README, (overlap, fragments)
+        assert row in PAGE, (overlap, fragments)
         if steps == 8 and transform == "none":  # the defaults
-            assert f"without the DCT {sum(gaps) / 2:+.2f} % at 1,000 steps" in README
+            assert f"without the DCT {sum(gaps) / 2:+.2f} % at 1,000 steps" in PAGE
             assert f"parity (≤ 2 %, mean of two seeds) is met by the defaults: {sum(gaps) / 2:+.2f} %" in PROSE
         elif steps == 8:
-            assert f"rounds of 8 steps in 4 fragments are {sum(gaps) / 2:+.2f} % at 1,000 steps" in README
+            assert f"rounds of 8 steps in 4 fragments are {sum(gaps) / 2:+.2f} % at 1,000 steps" in PAGE
         elif overlap == "none":
             assert f"(waiting for each whole-model exchange: {sum(gaps) / 2:+.2f} %;" in PROSE
         elif fragments == 1:
-            assert f"streamed in one round: {sum(gaps) / 2:+.2f} %)" in README
+            assert f"streamed in one round: {sum(gaps) / 2:+.2f} %)" in PAGE
         else:  # the defaults before
-            assert f"at 1,000 steps F = 4 is {sum(gaps) / 2:+.2f} % against" in README
+            assert f"at 1,000 steps F = 4 is {sum(gaps) / 2:+.2f} % against" in PAGE
             assert f"the defaults before (rounds of 4 with the DCT) {sum(gaps) / 2:+.2f} % at 42.2 ×" in PROSE
     adamw = [final["adamw", 1, "none", 1, "dct", seed] for seed in (42, 7)]
-    assert f"| AdamW-HSDP | {adamw[0]:.3f} | {adamw[1]:.3f} |" in README
+    assert f"| AdamW-HSDP | {adamw[0]:.3f} | {adamw[1]:.3f} |" in PAGE
 
 
 def test_the_local_time_to_target_figures_are_the_json():
@@ -231,14 +232,14 @@ def test_the_local_time_to_target_figures_are_the_json():
     assert data["settings"]["flexdemo"] == ["local_steps=4", "value_dtype=int2"]
     for link, ratios in data["vs_compute_only"].items():
         flexdemo = data["time_to_target"][link]["flexdemo"]
-        assert f"| {flexdemo['seconds']:.1f} (step {flexdemo['step']:.0f}) | **{ratios['flexdemo']:.2f}**" in README
+        assert f"| {flexdemo['seconds']:.1f} (step {flexdemo['step']:.0f}) | **{ratios['flexdemo']:.2f}**" in PAGE
 
 
 def test_the_mixed_hardware_figures_are_the_json():
     runs = {(run["update"], run["policy"]): run for run in result("replica_drift")["runs"]}
     free = runs["sgd", "none"]["worst"]
-    assert f"{free['max_abs']:.3g} = {free['max_over_lr']:.1e} `lr`".replace("e-04", "e-4") in README
-    assert f"{runs['adamw', 'none']['worst']['max_abs']:.3g} for `\"adamw\"`" in README
+    assert f"{free['max_abs']:.3g} = {free['max_over_lr']:.1e} `lr`".replace("e-04", "e-4") in PAGE
+    assert f"{runs['adamw', 'none']['worst']['max_abs']:.3g} for `\"adamw\"`" in PAGE
     assert runs["sign", "none"]["worst"]["max_abs"] == 0
     assert {runs[u, "raise"]["stopped_at"] for u in ("sgd", "adamw")} == {50}
     assert all(runs[u, "tolerate"]["error"] is None for u in ("sgd", "sign", "adamw"))
@@ -248,7 +249,7 @@ def test_the_elastic_resume_figures_are_the_json():
     for name, run in result("elastic_resume")["resumes"].items():
         old, new = run["gap_pct_vs_old_topology"]["100"], run["gap_pct_vs_new_topology"]["100"]
         policy = name.rsplit("_", 1)[1]
-        assert f"`{policy}` {old:+.2f} % / {new:+.2f} %" in README, name
+        assert f"`{policy}` {old:+.2f} % / {new:+.2f} %" in PAGE, name
         assert run["loaded_exactly"] and round(abs(old), 2) <= 1.00 and old * new < 0  # between the straight runs
 
 
@@ -256,15 +257,15 @@ def test_the_streamed_time_to_target_figures_are_the_json():
     data, waiting = result("time_to_target_streaming"), result("time_to_target_local")
     assert data["settings"]["flexdemo"] == ["local_steps=4", "value_dtype=int2", "overlap=delayed"]
     assert f"crosses the target at {data['compute_only']['seconds']:.1f} s (step {data['compute_only']['step']:.0f})" \
-        in README
+        in PAGE
     for link, ratios in data["vs_compute_only"].items():
         flexdemo = data["time_to_target"][link]["flexdemo"]
         assert not flexdemo["at_boundary"]
         cells = f"| {flexdemo['seconds']:.1f} (step {flexdemo['step']:.0f}) | **{ratios['flexdemo']:.2f}**"
-        assert cells in README, link
-        assert f"| {waiting['vs_compute_only'][link]['flexdemo']:.2f} |" in README, link
+        assert cells in PAGE, link
+        assert f"| {waiting['vs_compute_only'][link]['flexdemo']:.2f} |" in PAGE, link
     adamw = data["time_to_target"]["1000"]["adamw"]
-    assert f"projects to {adamw['projected_seconds']:.1f} s" in README
+    assert f"projects to {adamw['projected_seconds']:.1f} s" in PAGE
 
 
 @pytest.mark.parametrize(("name", "flexdemo"), [
@@ -277,25 +278,25 @@ def test_the_default_time_to_target_figures_are_the_json(name, flexdemo):
     data = result(name)
     assert data["settings"]["flexdemo"] == flexdemo
     reference = data["compute_only"]
-    assert f"crosses the target at {reference['seconds']:.1f} s (step {reference['step']:.0f}):" in README
+    assert f"crosses the target at {reference['seconds']:.1f} s (step {reference['step']:.0f}):" in PAGE
     runs = {(run["method"], run["link"]["rate_mbit"]): run for run in data["runs"]}  # compute-only: rate None
     for link, ratios in data["vs_compute_only"].items():
         flexdemo, adamw = data["time_to_target"][link]["flexdemo"], data["time_to_target"][link]["adamw"]
         assert not flexdemo["at_boundary"] and not adamw["at_boundary"]
         per_step = runs["flexdemo", float(link)]["seconds_per_step"]
-        assert f"| {flexdemo['seconds']:.1f} (step {flexdemo['step']:.0f}) | **{ratios['flexdemo']:.2f}**" in README
-        assert f"| {per_step:.3f} |" in README, link
+        assert f"| {flexdemo['seconds']:.1f} (step {flexdemo['step']:.0f}) | **{ratios['flexdemo']:.2f}**" in PAGE
+        assert f"| {per_step:.3f} |" in PAGE, link
         if adamw["reached"]:
             assert f"| {adamw['seconds']:.1f} (step {adamw['step']:.0f}) | {ratios['adamw']:.2f}: FlexDeMo " \
-                   f"{data['speedup_to_target'][link]:.2f} × sooner" in README
+                   f"{data['speedup_to_target'][link]:.2f} × sooner" in PAGE
         else:
-            assert f"> {adamw['lower_bound_seconds']:.1f} (stopped at step" in README, link
-            assert f"projected {adamw['projected_seconds']:.1f})" in README, link
-            assert f"≥ {ratios['adamw_lower_bound']:.2f} (projected {ratios['adamw_projected']:.2f})" in README, link
+            assert f"> {adamw['lower_bound_seconds']:.1f} (stopped at step" in PAGE, link
+            assert f"projected {adamw['projected_seconds']:.1f})" in PAGE, link
+            assert f"≥ {ratios['adamw_lower_bound']:.2f} (projected {ratios['adamw_projected']:.2f})" in PAGE, link
     waits = {link: run["flexdemo_comm_seconds_per_step"] for (method, link), run in runs.items()
              if method == "flexdemo"}
     assert max(waits.values()) < 0.001  # "rank 0 waited 0.7 ms per step"
-    assert f"waited {1000 * waits[10.0]:.1f} ms per step for its exchanges" in README
+    assert f"waited {1000 * waits[10.0]:.1f} ms per step for its exchanges" in PAGE
 
 
 def test_the_rounds_of_8_figures_are_the_json():
@@ -303,23 +304,23 @@ def test_the_rounds_of_8_figures_are_the_json():
     step = result("optimizer_step_rounds_of_8")
     assert step["settings"]["flexdemo"] == ["local_steps=8"] and step["settings"]["flexdemo_local_steps"] == 8
     ratio = step["ratios"]["flexdemo/adamw (mean)"]
-    assert f"cheaper: {ratio:.2f} × AdamW's mean step (`python benchmarks/optimizer_step.py" in README
-    assert f"and {ratio:.2f} × AdamW's mean step, \"Local steps\")" in README
+    assert f"cheaper: {ratio:.2f} × AdamW's mean step (`python benchmarks/optimizer_step.py" in PAGE
+    assert f"and {ratio:.2f} × AdamW's mean step, \"Local steps\")" in PAGE
     links = {row["link_mbit"]: row["step_over_compute_only"] for row in result("bandwidth_rounds_of_8")["rows"]
              if row["method"] == "flexdemo"}
-    assert f"10 Mbit/s step {links[10]:.2f} × compute-only, 100 Mbit/s {links[100]:.2f} ×" in README
+    assert f"10 Mbit/s step {links[10]:.2f} × compute-only, 100 Mbit/s {links[100]:.2f} ×" in PAGE
     bare = result("optimizer_step_rounds_of_8_no_transform")
     assert bare["settings"]["flexdemo"] == ["local_steps=8", "compression_transform=none"]
     ratio = bare["ratios"]["flexdemo/adamw (mean)"]
-    assert ratio <= 1.5 and f"measures {ratio:.2f} × AdamW's mean step, the only" in README
+    assert ratio <= 1.5 and f"measures {ratio:.2f} × AdamW's mean step, the only" in PAGE
 
 
 def test_the_compile_probe_table_is_the_json():
     data = result("compile_probe")
-    assert data["table"].strip() in README
+    assert data["table"].strip() in PAGE
     totals = data["totals"]
     slower = totals["round"]["default"]["median_s"] / totals["round"]["eager_s"]
-    assert slower > 1 and f"runs\n{slower:.2f} × slower than eager" in README
+    assert slower > 1 and f"runs\n{slower:.2f} × slower than eager" in PAGE
     assert all(phase["default"]["bit_identical"] in (True, None) for phase in totals.values())
 
 
