@@ -120,7 +120,7 @@ def check_resumable(checkpoint: str | os.PathLike, record: dict[str, Any],
         raise ValueError(f"{checkpoint} was written on another topology; (saved, now) = {diff}, and "
                          f"resume_policy={policy!r}. FlexDeMo keeps per-node momentum: resume on the same nodes x "
                          f"processes, or set FlexDeMoConfig.resume_policy (--resume_policy) to {allowing} to reshard "
-                         "it (README \"Changing the cluster under a run\").")
+                         "it (docs/multi-node.md \"Changing the cluster under a run\").")
     if "files" not in saved:
         raise ValueError(f"{checkpoint} was written before elastic resume ({TOPOLOGY_FILE} lists no rank files); "
                          f"accepted: resume it on its own topology; (saved, now) = {diff}.")

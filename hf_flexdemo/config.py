@@ -68,7 +68,9 @@ class FlexDeMoConfig:
     budget) is refused without it (:func:`hf_flexdemo.knobs.validate`).
     """
 
-    method: Method = field(default="flexdemo", metadata={"help": "Training setup."})
+    method: Method = field(default="flexdemo", metadata={"help": "Training setup: flexdemo (FSDP2 inside each node, "
+                                           "FlexDeMo between nodes), demo (every rank a replica, DeMo), adamw "
+                                           "(FSDP2 HSDP with torch AdamW, the baseline)."})
     # Named flexdemo_preset: the recipes' --preset names a data set of the paper.
     flexdemo_preset: Preset = field(default="default", metadata={"help": knobs.PRESET_HELP})
     compression_rate: float | None = _knob("compression_rate")

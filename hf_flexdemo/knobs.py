@@ -2,7 +2,7 @@
 
 ``FlexDeMo`` (the ``torch.optim`` optimizer) and ``FlexDeMoConfig`` (the ``HfArgumentParser`` dataclass)
 both take their defaults from :data:`DEFAULTS` and their checks from :func:`validate`, so the two can
-never disagree; a test pins it. The defaults are measured choices: README "Local steps, the default" (and "The
+never disagree; a test pins it. The defaults are measured choices: docs/results.md "Local steps, the default" (and "The
 step-wise mode" for the knobs of ``local_steps=1``).
 
 Knobs are of two kinds, as in torch's optimizers:
@@ -89,11 +89,11 @@ OPTIMIZER_WIDE: tuple[str, ...] = tuple(key for key in DEFAULTS if key not in PE
 
 
 # Named sets of knob values. The package default takes 8 local AdamW steps per node, then streams the
-# pseudo-gradient's top 1/4 of each 32 x 32 block in 2-bit values, a quarter of the model every 2 steps (README
+# pseudo-gradient's top 1/4 of each 32 x 32 block in 2-bit values, a quarter of the model every 2 steps (docs/results.md
 # "Local steps": the sweep's choice, at 84x fewer bytes than bf16 HSDP and 1.45x AdamW's step). "step-wise"
 # exchanges every step, as FlexDeMo does, with the rule that departs from the papers (AdamW's direction enters the
-# momentum, the consensus is the plain mean, the step is SGD on it, values travel in float8: README "Choosing the
-# step-wise rule"). The paper presets reproduce the published rules.
+# momentum, the consensus is the plain mean, the step is SGD on it, values travel in float8: docs/results.md "The
+# step-wise mode: choosing its rule"). The paper presets reproduce the published rules.
 PRESETS: dict[str, dict[str, Any]] = {
     "default": {},
     # the default until local steps won the sweep: a compressed momentum exchange every step (float8, in step())
@@ -142,9 +142,9 @@ def resolve_value_dtype(value_dtype: str, replicator: str, local_steps: int) -> 
 
 def resolve_transform(transform: str, local_steps: int) -> str:
     """``compression_transform="auto"``'s choice: ``"none"`` with local steps (top-k of the pseudo-gradient's values,
-    as SparseLoCo; README "Local steps": in rounds of 8 the same loss as the DCT at 300 steps, 0.6 points more at
-    1,000, and 1.32x AdamW's step instead of 1.63x, side by side), ``"dct"`` step-wise (DeMo's transform of the
-    momentum); any other value as given."""
+    as SparseLoCo; docs/results.md "Local steps": in rounds of 8 the same loss as the DCT at 300 steps, 0.6 points
+    more at 1,000, and 1.32x AdamW's step instead of 1.63x, side by side), ``"dct"`` step-wise (DeMo's transform of
+    the momentum); any other value as given."""
     if transform != "auto":
         return transform
     return "none" if local_steps > 1 else "dct"
@@ -153,7 +153,7 @@ def resolve_transform(transform: str, local_steps: int) -> str:
 def resolve_outer_fragments(fragments: int | None, local_steps: int, overlap: str, outer_delay: int) -> int:
     """``outer_fragments=None``'s choice: with streamed local steps (``overlap`` resolved), the most fragments up to
     4 that fit: the largest divisor F <= 4 of ``local_steps`` with ``outer_delay <= local_steps / F`` (at the
-    defaults, 4: the same loss as the whole model at once and the slow link hidden, README "Local steps"); 1
+    defaults, 4: the same loss as the whole model at once and the slow link hidden, docs/results.md "Local steps"); 1
     otherwise (step-wise, or waiting for each exchange); any other value as given."""
     if fragments is not None:
         return fragments
@@ -318,12 +318,12 @@ HELP: dict[str, str] = {
     "weight_decay": "Decoupled weight decay.",
     "betas": "AdamW constants (update='adamw'/'rmsprop', momentum='avg'/'adam').",
     "eps": "AdamW's epsilon (as betas).",
-    "compression_rate": f"Fraction of each DCT block's coefficients that travels between nodes (default "
-                        f"{DEFAULT_RATE:g} unless compression_topk or a budget is set); kept per block: "
-                        "round(rate * block size).",
+    "compression_rate": f"Fraction of each block that travels between nodes: of its values (local steps' "
+                        f"default) or of its DCT coefficients (compression_transform); default {DEFAULT_RATE:g} "
+                        "unless compression_topk or a budget is set; kept per block: round(rate * block size).",
     "compression_topk": "DeMo's convention instead of a rate: coefficients kept per block.",
-    "compression_chunk": "Largest DCT block side; each side is the largest divisor of the shard dimension not "
-                         "above it.",
+    "compression_chunk": "Largest block side (top-k and the scales run per block); each side is the largest "
+                         "divisor of the shard dimension not above it.",
     "compression_transform": "What top-k selects from in each block: 'dct' (DeMo's DCT coefficients), 'none' "
                              "(the values themselves, as SparseLoCo), or auto: none with local_steps > 1, dct with "
                              "local_steps=1.",
@@ -334,8 +334,10 @@ HELP: dict[str, str] = {
                 "gradient.",
     "update": "Update from the consensus Q: sign (DeMo), sgd, adamw (AdamW fed Q), or rmsprop (AdamW with "
               "beta1 = 0).",
-    "replicator": "Cross-node exchange: demo (DCT top-k, all-gather), random (shared random positions, "
-                  "all-reduce of the values), full (dense average), none (a single node).",
+    "replicator": "Cross-node exchange: demo (top-k per block with a bitmask or indices, all-gather), random "
+                  "(shared random positions, all-reduce of the values), full (dense average), none (one node: "
+                  "emulates demo's wire; any other replicator on one node trains as its dense limit, torch's "
+                  "AdamW at the defaults).",
     "consensus": "replicator='demo': a coefficient is the mean over the replicas that chose it (choosers, DeMo) "
                  "or over all replicas (replicas: the mean momentum).",
     "value_dtype": "Wire type of coefficients (float8: e4m3 with a bfloat16 scale per block; int4/int2: 4 or 2 "

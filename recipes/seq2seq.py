@@ -50,7 +50,7 @@ from hf_flexdemo.seq2seq_model import ModelArguments, build_trainer, load_model,
 
 logger = logging.getLogger(__name__)
 
-# The built-in number-words job: learning rates by rule (README "Recipes" gives the runs they come from).
+# The built-in number-words job: learning rates by rule (docs/recipes.md gives the runs they come from).
 NUMBER_WORDS_LR = {"sign": 3e-3, "sgd": 1.0, "adamw": 1e-3, "rmsprop": 1e-3}  # momentum "lr" / "ema", by update
 NUMBER_WORDS_ADAM_LR = 1e-3  # momentum "adam" / "avg": the step is in AdamW's units
 NUMBER_WORDS_ADAMW_LR = 3e-3  # method "adamw"
