@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from habits_worker import batch, full, main, sharded, through_bytes
+from habits_worker import batch, finished, full, main, sharded, through_bytes
 from optimizer_worker import local
 
 from hf_flexdemo import FlexDeMo
@@ -43,10 +43,11 @@ def case_landings(args) -> dict:
     for step in range(3 * int(args.local_steps)):
         _train(model, opt, [step])
         stats.append(opt.comm_stats)
-    return {"members": [[names[id(p)] for p in members] for members in opt._local.members],
-            "numel": {n: p.numel() for n, p in model.named_parameters()},
-            "local_shapes": {n: tuple(local(p).shape) for n, p in model.named_parameters()},
-            "landings": landings, "comm_stats": stats, "replicas": dist.get_world_size(group)}
+    return finished({"members": [[names[id(p)] for p in members] for members in opt._local.members],
+                     "numel": {n: p.numel() for n, p in model.named_parameters()},
+                     "local_shapes": {n: tuple(local(p).shape) for n, p in model.named_parameters()},
+                     "landings": landings, "comm_stats": stats, "replicas": dist.get_world_size(group)},
+                    opt)  # the last step's exchange in flight
 
 
 def case_resume(args) -> dict:
@@ -68,6 +69,8 @@ def case_resume(args) -> dict:
     _train(model, straight, range(12))
     expected = {n: full(p) for n, p in model.named_parameters()}
     members = [sorted(names[id(p)] for p in fragment) for fragment in straight._local.members]
+    straight_checks = list(checks)  # the straight run's: its finish() below checks again
+    straight.finish()  # the last step's exchange in flight (see finished())
 
     model, group = sharded()
     first = FlexDeMo(model.parameters(), replicate_group=group, **kwargs)
@@ -80,9 +83,9 @@ def case_resume(args) -> dict:
     resumed = FlexDeMo(model.parameters(), replicate_group=group, lr=1.0)
     resumed.load_state_dict(saved)
     _train(model, resumed, range(5, 12))
-    return {"checks": checks, "members": members, "options": resumed.options,
-            "in_flight": sorted(index_names[i] for i, s in saved["state"].items() if "pending_update" in s),
-            "equal": all(torch.equal(expected[n], full(p)) for n, p in model.named_parameters())}
+    return finished({"checks": straight_checks, "members": members, "options": resumed.options,
+                     "in_flight": sorted(index_names[i] for i, s in saved["state"].items() if "pending_update" in s),
+                     "equal": all(torch.equal(expected[n], full(p)) for n, p in model.named_parameters())}, resumed)
 
 
 if __name__ == "__main__":

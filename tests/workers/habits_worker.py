@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import functools
 import io
 from collections.abc import Iterator
@@ -97,6 +98,19 @@ def train(model: nn.Module, opt: FlexDeMo, steps: range, logs: list | None = Non
                 opt.step()
             logs.append(log)
         opt.zero_grad()
+
+
+def finished(result: dict, *optimizers: FlexDeMo) -> dict:
+    """``result`` as it is now, after each of ``optimizers`` has landed its exchanges in flight (``finish()``; called on
+    every rank, after the case's last ``step()`` and measurements). A streamed exchange launched at a case's last
+    step is otherwise never waited for: the worker destroys the process group and exits while gloo's worker thread may
+    still run it, and a gloo work that finishes during interpreter shutdown aborts the rank ("terminate called without
+    an active exception", exit -6). ``finish()`` may run a final round (and the case's spies with it): the result is
+    copied first."""
+    result = copy.deepcopy(result)
+    for opt in optimizers:
+        opt.finish()
+    return result
 
 
 def through_bytes(state: dict) -> dict:

@@ -8,7 +8,7 @@ import copy
 
 import torch
 import torch.distributed as dist
-from habits_worker import batch, full, main, observed, sharded, through_bytes
+from habits_worker import batch, finished, full, main, observed, sharded, through_bytes
 from optimizer_worker import local, mlp, mlp_loss
 
 from hf_flexdemo import FlexDeMo, build_hybrid_mesh, shard_model
@@ -83,8 +83,8 @@ def case_habits(args) -> dict:
             with opt.consensus_parameters():
                 after_exchange.append({n: full(p) for n, p in model.named_parameters()})
     shapes = [tuple(local(p).shape) for p in model.parameters()]
-    return {"logs": logs, "comm_stats": stats, "after_exchange": after_exchange, "local_shapes": shapes,
-            "replicas": dist.get_world_size(group)}
+    return finished({"logs": logs, "comm_stats": stats, "after_exchange": after_exchange, "local_shapes": shapes,
+                     "replicas": dist.get_world_size(group)}, opt)  # streamed: the last round's exchange in flight
 
 
 def case_resume(args) -> dict:
@@ -103,8 +103,10 @@ def case_resume(args) -> dict:
             opt.zero_grad()
 
     model, group = sharded()
-    train(model, FlexDeMo(model.parameters(), replicate_group=group, **kwargs), range(2 * rounds))
+    straight = FlexDeMo(model.parameters(), replicate_group=group, **kwargs)
+    train(model, straight, range(2 * rounds))
     expected = {n: full(p) for n, p in model.named_parameters()}
+    straight.finish()  # streamed (overlap="delayed"): the last round's exchange in flight
     model, group = sharded()
     first = FlexDeMo(model.parameters(), replicate_group=group, **kwargs)
     train(model, first, range(rounds + 1))
@@ -115,8 +117,8 @@ def case_resume(args) -> dict:
     resumed = FlexDeMo(model.parameters(), replicate_group=group, lr=1.0)
     resumed.load_state_dict(saved)
     train(model, resumed, range(rounds + 1, 2 * rounds))
-    return {"keys": sorted(saved["state"][0]), "options": resumed.options,
-            "equal": all(torch.equal(expected[n], full(p)) for n, p in model.named_parameters())}
+    return finished({"keys": sorted(saved["state"][0]), "options": resumed.options,
+                     "equal": all(torch.equal(expected[n], full(p)) for n, p in model.named_parameters())}, resumed)
 
 
 def case_nonfinite(args) -> dict:
@@ -135,8 +137,9 @@ def case_nonfinite(args) -> dict:
             with opt.consensus_parameters():
                 anchors.append({n: full(p) for n, p in model.named_parameters()})
     tensors = [t for s in opt.state.values() for t in s.values() if t.is_floating_point()]
-    return {"skipped": opt.skipped_steps, "anchors": anchors,
-            "finite": all(bool(t.isfinite().all()) for t in [*tensors, *(local(p) for p in model.parameters())])}
+    finite = all(bool(t.isfinite().all()) for t in [*tensors, *(local(p) for p in model.parameters())])
+    return finished({"skipped": opt.skipped_steps, "anchors": anchors, "finite": finite},
+                    opt)  # streamed: the last round's exchange in flight
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import functools
 
 import torch
 import torch.distributed as dist
-from habits_worker import batch, full, main, observed, sharded, through_bytes
+from habits_worker import batch, finished, full, main, observed, sharded, through_bytes
 from torch import nn
 
 from hf_flexdemo import FlexDeMo
@@ -70,6 +70,7 @@ def case_accumulate_without_no_sync(args) -> dict:
     try:
         train(model, opt, range(1), micro=2, sync_every_micro=True)
     except RuntimeError as err:
+        opt.adopt_parameters()  # wait for and drop the exchange the refused backward started (see finished())
         return {"error": str(err)}
     return {"error": None}
 
@@ -84,6 +85,7 @@ def case_delayed(args) -> dict:
     first_step_unchanged = all(torch.equal(before[n], v) for n, v in params(model).items())
     train(model, straight, range(1, 8))
     expected = params(model)
+    straight.finish()  # the last step's exchange in flight (see finished())
 
     model, group = sharded()
     first = step_wise(model.parameters(), replicate_group=group, **kwargs)
@@ -93,6 +95,7 @@ def case_delayed(args) -> dict:
     resumed.load_state_dict(saved)
     train(model, resumed, range(5, 8))
     got = params(model)
+    resumed.finish()
 
     model, group = sharded()
     synchronous = step_wise(model.parameters(), replicate_group=group, **{**kwargs, "overlap": "none"})
@@ -129,9 +132,9 @@ def case_budget_bytes_local(args) -> dict:
     fragments = [[tuple(p.to_local().shape) for p in members] for members in opt._local.members]
     formula = {rate: [exchange_bytes("demo", shapes, 2, rate=rate, topk=None, chunk=8, value_dtype="int2")
                       for shapes in fragments] for rate in (opt.rate, min(opt.rate * 1.05, 1.0))}
-    return {"rate": opt.rate, "local_steps": opt.options["local_steps"], "fragments": opt.options["outer_fragments"],
-            "formula": formula,
-            "sent": [log["comm_stats"]["bytes_sent"] for log in logs]}
+    return finished({"rate": opt.rate, "local_steps": opt.options["local_steps"],
+                     "fragments": opt.options["outer_fragments"], "formula": formula,
+                     "sent": [log["comm_stats"]["bytes_sent"] for log in logs]}, opt)  # the last exchange in flight
 
 
 def case_budget_fraction(args) -> dict:
