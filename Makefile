@@ -34,9 +34,10 @@ lint:
 docs:
 	$(PYTHON) docs/generate_configuration.py
 
+# The products in their quick modes (benchmarks/README.md; the studies are not rerun): about an hour on 2 cores;
+# bandwidth and time_to_target need root (the emulated link).
 bench-quick:
 	$(PYTHON) benchmarks/optimizer_step.py
-	$(PYTHON) benchmarks/selection.py
 	$(PYTHON) benchmarks/replicator_bytes.py
 	$(PYTHON) benchmarks/bandwidth.py --quick
 	$(PYTHON) benchmarks/convergence.py --quick

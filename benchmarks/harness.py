@@ -1,10 +1,13 @@
 """What every benchmark shares: torchrun jobs, their environment, provenance of the results, plots and tables.
 
-The scripts run as ``python benchmarks/X.py``, so this module is a plain sibling import (``import harness``).
+The scripts run as ``python benchmarks/X.py``, so this module is a plain sibling import (``import harness``); the
+studies run as ``python -m benchmarks.studies.X`` from the repository root and import ``benchmarks.harness``.
 
-* Jobs: :func:`torchrun` (the launcher's command line), :func:`worker_env` (one thread per rank, CPU only,
-  offline), :func:`run_job` (one or more launchers with a timeout; a launcher's whole process group is killed
-  when it is over; one status of :data:`STATUSES` and the logs' tails), :func:`stop`.
+* Jobs, on the package's launcher (:mod:`hf_flexdemo.launch`, which the tests use too): :func:`torchrun` (the
+  launcher's command line), :func:`worker_env` (one thread per rank, CPU only, offline), :func:`run_job` (one or
+  more launchers with a timeout; a launcher's whole process group is stopped when it is over; one status of
+  :data:`STATUSES` and the logs' tails). The ranks import ``hf_flexdemo`` as installed: :meth:`Run.start` refuses
+  to run unless that is this checkout (``pip install -e .``), so the commit a JSON records is the code it ran.
 * FlexDeMo knobs: drivers take ``--flexdemo FIELD=VALUE ...`` (``FlexDeMoConfig`` fields) and hand them to their
   worker as ``--FIELD=VALUE`` (:func:`flexdemo_flags`); a worker reads them back with :func:`parse_flexdemo`.
 * Provenance: :func:`add_provenance_flags` (``--allow_dirty``) and :class:`Run`, which records when the run starts
@@ -21,12 +24,11 @@ import argparse
 import contextlib
 import datetime
 import hashlib
+import importlib.util
 import json
 import os
 import platform
 import shlex
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -35,6 +37,8 @@ from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
+
+from hf_flexdemo import launch
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
@@ -49,31 +53,15 @@ _NOT_CODE = ":(exclude)benchmarks/results"
 # --- jobs -------------------------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def torchrun(worker: Sequence[str | Path], nproc_per_node: int, *, nnodes: int = 1, node_rank: int = 0,
-             master_addr: str = "127.0.0.1", master_port: int | None = None) -> list[str]:
-    """``python -m torch.distributed.run ... script args`` for ``worker`` = ``[script, *args]``: one node on a
-    free local port, or node ``node_rank`` of ``nnodes`` with a static rendezvous at ``master_addr:master_port``
-    (default 29500)."""
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc_per_node)]
-    if nnodes > 1:
-        launcher += ["--nnodes", str(nnodes), "--node_rank", str(node_rank), "--rdzv_backend", "static"]
-        master_port = master_port or 29500
-    launcher += ["--master_addr", master_addr, "--master_port", str(master_port or free_port())]
-    return [*launcher, *map(str, worker)]
+# The launcher's command line: ``[python, -m, torch.distributed.run, ..., script, *args]`` for one node on a free local
+# port, or node ``node_rank`` of ``nnodes`` with a static rendezvous at ``master_addr:master_port``.
+torchrun = launch.torchrun_command
 
 
 def worker_env(*, gloo_interface: str | None = None, datasets_cache: Path | None = None) -> dict[str, str]:
-    """The environment of a benchmark's ranks: one OpenMP thread each, no GPU, no Hub, this checkout first on
-    ``PYTHONPATH``; gloo bound to ``gloo_interface`` (an emulated link's veth) and a datasets cache if given."""
-    path = [str(REPO)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [*path, os.environ.get("PYTHONPATH")]))}
+    """The environment of a benchmark's ranks: one OpenMP thread each, no GPU (``launch.cpu_env``), no Hub; gloo
+    bound to ``gloo_interface`` (an emulated link's veth) and a datasets cache if given."""
+    env = launch.cpu_env(HF_HUB_OFFLINE="1")
     if gloo_interface is not None:
         env["GLOO_SOCKET_IFNAME"] = gloo_interface
     if datasets_cache is not None:
@@ -81,48 +69,21 @@ def worker_env(*, gloo_interface: str | None = None, datasets_cache: Path | None
     return env
 
 
-def stop(processes: Sequence[subprocess.Popen]) -> None:
-    """SIGTERM each launcher's process group, then SIGKILL what is left after a grace period of 10 s."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        alive = [p for p in processes if p.poll() is None]
-        for process in alive:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, sig)
-        deadline = time.monotonic() + 10
-        while any(p.poll() is None for p in alive) and time.monotonic() < deadline:
-            time.sleep(0.2)
-
-
 def run_job(commands: Sequence[Sequence[str]], logs: Sequence[Path], timeout_s: float,
             envs: Sequence[Mapping[str, str]] | Mapping[str, str] | None = None, expect: Path | None = None,
             tail_chars: int = 8000) -> dict[str, Any]:
-    """Run the launchers side by side (each in its own session, output to its log) until all exit or
-    ``timeout_s`` passes; then stop every process group that is left.
+    """Run the launchers side by side (``launch.run_commands``: each in its own session, output to its log) until
+    all exit or ``timeout_s`` passes; then stop every process group that is left.
 
     Returns ``status`` (``"ok"``: every launcher exited 0 and ``expect``, if given, exists; ``"timeout"``;
     ``"failed"``), ``returncodes``, ``launch_seconds`` and, unless ok, ``log_tails`` (and ``error`` when the job
     exited 0 without writing ``expect``).
     """
-    if envs is None or isinstance(envs, Mapping):
-        envs = [dict(envs or os.environ)] * len(commands)
-    processes: list[subprocess.Popen] = []
-    start = time.monotonic()
-    try:
-        for command, log, env in zip(commands, logs, envs, strict=True):
-            with open(log, "w") as handle:
-                processes.append(subprocess.Popen(list(command), env=dict(env), stdout=handle,
-                                                  stderr=subprocess.STDOUT, start_new_session=True))
-        deadline = start + timeout_s
-        while any(p.poll() is None for p in processes) and time.monotonic() < deadline:
-            time.sleep(0.5)
-    finally:
-        timed_out = any(p.poll() is None for p in processes)
-        stop(processes)
-    codes = [p.returncode for p in processes]
-    record: dict[str, Any] = {"status": OK, "returncodes": codes, "launch_seconds": time.monotonic() - start}
-    if timed_out:
+    job = launch.run_commands(commands, timeout_s, envs=envs, logs=logs)
+    record: dict[str, Any] = {"status": OK, "returncodes": job.returncodes, "launch_seconds": job.seconds}
+    if job.timed_out:
         record["status"] = TIMEOUT
-    elif any(codes):
+    elif not job.ok:
         record["status"] = FAILED
     elif expect is not None and not expect.exists():
         record |= {"status": FAILED, "error": f"every launcher exited 0 but {expect.name} was not written"}
@@ -165,6 +126,16 @@ def parse_flexdemo(argv: Sequence[str], **fixed: Any) -> tuple[Any, dict[str, An
 
 
 # --- provenance ---------------------------------------------------------------------------------------------
+
+
+def require_this_checkout() -> None:
+    """Exit with a message unless the ``hf_flexdemo`` that imports here (and in the ranks, which get no
+    ``PYTHONPATH``) is this checkout's: the results record this checkout's commit."""
+    spec = importlib.util.find_spec("hf_flexdemo")
+    origin = Path(spec.origin).resolve() if spec is not None and spec.origin else None
+    if origin is None or not origin.is_relative_to(REPO):
+        sys.exit(f"[harness] hf_flexdemo imports from {origin}, not from this checkout ({REPO}): the benchmarks "
+                 f"measure the installed package, so install this one first: pip install -e \"{REPO}[bench]\"")
 
 
 def _git(*argv: str) -> subprocess.CompletedProcess[bytes]:
@@ -226,7 +197,9 @@ class Run:
 
     @classmethod
     def start(cls, out: Path | Sequence[Path], allow_dirty: bool = False) -> Run:
-        """Record the command, time, git state, machine and versions; refuse a dirty tree (see the module)."""
+        """Record the command, time, git state, machine and versions; refuse a dirty tree, or a package that is
+        not this checkout's (see the module)."""
+        require_this_checkout()
         git = git_state()
         for path in [out] if isinstance(out, Path) else out:
             refuse_dirty(path, git, allow_dirty)

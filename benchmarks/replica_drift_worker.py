@@ -4,9 +4,10 @@ Runs under ``torchrun --nproc_per_node 2`` (two nodes of one process each, so ev
 the blockwise inverse DCT (the decode of the consensus ``Q`` and the error feedback's estimate) returns its result
 moved by one unit in the last place (``torch.nextafter``) on a ``--fraction`` of its non-zero elements, up or down at
 random: what a GPU of another model, whose GEMMs round differently, does (an exact zero, a block nobody sent, stays
-zero on any hardware). Every ``--every`` steps the ranks gather their parameters (outside the optimizer, for the
-measurement only) and rank 0 records how far they are apart. Each ``--updates`` rule runs under each ``--policies``
-drift policy (``none``: no check, the free drift); rank 0 writes one JSON record per run to ``--out``.
+zero on any hardware; ``hf_flexdemo.launch.unlike_inverse_dct``, the emulation the tests use too). Every
+``--every`` steps the ranks gather their parameters (outside the optimizer, for the measurement only) and rank 0
+records how far they are apart. Each ``--updates`` rule runs under each ``--policies`` drift policy (``none``: no
+check, the free drift); rank 0 writes one JSON record per run to ``--out``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import contextlib
 import json
 import math
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,31 +26,11 @@ from torch import Tensor
 from transformers import T5ForConditionalGeneration
 
 from hf_flexdemo import FlexDeMo
-from hf_flexdemo.dct import BlockLayout
 from hf_flexdemo.knobs import DRIFT_ACTIONS, UPDATES
+from hf_flexdemo.launch import unlike_inverse_dct
 from hf_flexdemo.tiny_t5 import tiny_t5_config
 
 VOCAB = 32
-
-
-@contextlib.contextmanager
-def unlike_inverse_dct(fraction: float, seed: int) -> Iterator[None]:
-    """Inside, this process's inverse DCT rounds differently: ``fraction`` of its non-zero outputs one ulp up or
-    down (an exact zero, where nothing was sent, stays zero on any hardware)."""
-    original = BlockLayout.idct
-    generator = torch.Generator().manual_seed(seed)
-
-    def idct(self: BlockLayout, c: Tensor, out: Tensor, scratch: Tensor) -> Tensor:
-        result = original(self, c, out, scratch)
-        draw = torch.rand(result.shape, generator=generator)
-        direction = torch.where(draw < fraction / 2, -math.inf, math.inf).to(result.dtype)
-        return result.copy_(torch.where((draw < fraction) & (result != 0), torch.nextafter(result, direction), result))
-
-    BlockLayout.idct = idct
-    try:
-        yield
-    finally:
-        BlockLayout.idct = original
 
 
 def batch(step: int, rank: int) -> dict[str, Tensor]:

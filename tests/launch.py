@@ -1,48 +1,41 @@
-"""Run a worker script on several local gloo ranks with torchrun and collect each rank's result."""
+"""The tests' launches: a worker script on several local gloo ranks (``hf_flexdemo.launch``, the launcher the
+benchmarks use too), or under ``accelerate launch``, with each rank's result collected."""
 
 from __future__ import annotations
 
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import torch
 
+from hf_flexdemo.launch import Job, cpu_env, free_port, run_commands, torchrun_command
+
 WORKERS = Path(__file__).parent / "workers"
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+__all__ = ["WORKERS", "accelerate_launch", "free_port", "run_worker", "torchrun"]
 
 
 def torchrun(script: str | Path, nproc: int, args: list[str], timeout: float = 300, env: dict | None = None,
              check: bool = True) -> subprocess.CompletedProcess:
-    """``torchrun --nproc_per_node nproc script args`` on CPU; raises with the log if it fails."""
-    launcher = ["torch.distributed.run", "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1",
-                "--master_port", str(free_port())]
-    return launch(launcher, script, args, timeout, env, check)
+    """``torchrun --nproc_per_node nproc script args`` on CPU (``script`` may be ``"-m"``, ``args`` then starting
+    with the module); raises with the log if it fails (``check``) or runs past ``timeout``."""
+    command = torchrun_command([script, *args], nproc)
+    return _completed(run_commands([command], timeout, envs={**cpu_env(), **(env or {})}), check)
 
 
 def accelerate_launch(config: Path, script: str | Path, args: list[str], timeout: float = 300,
                       cwd: Path | None = None) -> subprocess.CompletedProcess:
     """``accelerate launch --config_file config script args`` (in ``cwd``); raises with the log if it fails."""
-    launcher = ["accelerate.commands.launch", "--config_file", str(config), "--main_process_port", str(free_port())]
-    return launch(launcher, script, args, timeout, cwd=cwd)
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
+               "--main_process_port", str(free_port()), str(script), *map(str, args)]
+    return _completed(run_commands([command], timeout, envs=cpu_env(), cwd=cwd), check=True)
 
 
-def launch(launcher: list[str], script: str | Path, args: list[str], timeout: float = 300, env: dict | None = None,
-           check: bool = True, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", *launcher, str(script), *args]
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", **(env or {})}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd)
-    if check and proc.returncode != 0:
-        log = f"{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
-        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{log}")
-    return proc
+def _completed(job: Job, check: bool) -> subprocess.CompletedProcess:
+    if job.timed_out or (check and not job.ok):
+        raise AssertionError(job.describe())
+    return subprocess.CompletedProcess(job.commands[0], job.returncodes[0], job.stdout[0], job.stderr[0])
 
 
 def run_worker(name: str, nproc: int, out: Path, *args: str, timeout: float = 300,

@@ -11,8 +11,12 @@ CPU) over the same number of float32 elements:
 * ``kthvalue``: only the k-th largest magnitude per block (a threshold, before any indices);
 * ``sort``: a full sort of every block.
 
-    python benchmarks/selection.py            # ~1 minute, writes benchmarks/results/selection.json
-    python benchmarks/selection.py --fraction 0.01 --repeats 2 --out /tmp/selection.json   # smoke, seconds
+    python -m benchmarks.studies.selection    # ~1 minute, writes benchmarks/results/selection.json
+    python -m benchmarks.studies.selection --fraction 0.01 --repeats 2 --out /tmp/selection.json   # smoke, seconds
+
+A study (``benchmarks/studies/README.md``): its answer, the package's way, is in ``compression.select_topk``, and its
+figures in docs/results.md ("Optimizer step"). It runs as a module of the repository (``python -m``, from the root),
+which makes ``benchmarks.harness`` importable without a path setting.
 """
 
 from __future__ import annotations
@@ -23,16 +27,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import harness
 import torch
 from transformers import T5ForConditionalGeneration
 
+from benchmarks import harness
 from hf_flexdemo import compression
 from hf_flexdemo.dct import BlockLayout
 from hf_flexdemo.knobs import DEFAULT_CHUNK, DEFAULT_RATE
 from hf_flexdemo.tiny_t5 import T5_VOCAB_SIZE, named_t5_config
-
-HERE = Path(__file__).resolve().parent
 
 
 def timed(fn: Callable[[], object], repeats: int) -> list[float]:
@@ -49,7 +51,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--fraction", type=float, default=1.0, help="of the T5-small shard's elements (smoke runs)")
-    parser.add_argument("--out", type=Path, default=HERE / "results" / "selection.json")
+    parser.add_argument("--out", type=Path, default=harness.RESULTS / "selection.json")
     harness.add_provenance_flags(parser)
     args = parser.parse_args()
     if not 0 < args.fraction <= 1 or args.repeats < 1:

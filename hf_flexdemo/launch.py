@@ -1,0 +1,195 @@
+"""Several simulated nodes on one host: the torchrun command, the ranks' CPU environment, and running it to the end.
+
+Why here: the tests and the benchmarks both start ``N nodes x M processes`` of gloo ranks on one machine, and both
+need the same command line, environment and clean-up at a timeout. The installed package is the one place both can
+import without path tricks, so the launcher lives here, and it imports only the standard library (and, for the
+emulated node, torch and this package's DCT).
+
+* :func:`torchrun_command`: ``python -m torch.distributed.run ...`` for one agent: one node on a free local port,
+  or node ``node_rank`` of ``nnodes`` with a static rendezvous at ``master_addr:master_port``.
+* :func:`cpu_env`: the ranks' environment: one OpenMP thread each (many ranks share a few cores), no GPU.
+* :func:`run_commands`: launchers side by side, each in its own session; at the timeout every process group left is
+  stopped (SIGTERM, then SIGKILL), so no rank outlives its job; a :class:`Job` with exit codes and output.
+* :func:`run_local`: ``nnodes`` agents of ``nproc_per_node`` ranks on this host, through the two above.
+* :func:`unlike_inverse_dct`: inside it, this process's inverse DCT rounds like another GPU model's (one ulp off):
+  a node of unlike hardware, emulated on CPU.
+
+A node of one agent (``nnodes=1``) is what the tests use: FlexDeMo groups ``nproc_per_node`` ranks into nodes of
+``shard_size`` (``torchrun --nproc_per_node 4`` with ``shard_size=2`` is 2 nodes x 2 processes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from .dct import BlockLayout
+
+__all__ = ["Job", "cpu_env", "free_port", "run_commands", "run_local", "torchrun_command", "unlike_inverse_dct"]
+
+STATIC_PORT = 29500  # a static rendezvous's default port (torchrun's)
+_GRACE_S = 10.0  # between SIGTERM and SIGKILL
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` now (the rendezvous of a local job)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def torchrun_command(target: Sequence[str | Path], nproc_per_node: int, *, nnodes: int = 1, node_rank: int = 0,
+                     master_addr: str = "127.0.0.1", master_port: int | None = None,
+                     python: str = sys.executable) -> list[str]:
+    """``python -m torch.distributed.run --nproc_per_node M ... *target`` for one agent.
+
+    ``target`` is ``[script, *args]`` or ``["-m", module, *args]``. With ``nnodes=1`` the agent is the whole job,
+    on ``master_port`` or a free local port; with ``nnodes > 1`` it is node ``node_rank`` of a static rendezvous at
+    ``master_addr:master_port`` (default 29500; every node's agent gets the same address and port).
+    """
+    if nproc_per_node < 1 or nnodes < 1 or not 0 <= node_rank < nnodes:
+        raise ValueError(f"need nproc_per_node >= 1 and 0 <= node_rank < nnodes, got {nproc_per_node}, "
+                         f"{node_rank}, {nnodes}")
+    command = [python, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc_per_node)]
+    if nnodes > 1:
+        command += ["--nnodes", str(nnodes), "--node_rank", str(node_rank), "--rdzv_backend", "static"]
+        master_port = master_port or STATIC_PORT
+    command += ["--master_addr", master_addr, "--master_port", str(master_port or free_port(master_addr))]
+    return [*command, *map(str, target)]
+
+
+def cpu_env(env: Mapping[str, str] | None = None, **extra: str) -> dict[str, str]:
+    """``env`` (default: this process's environment) for CPU ranks: ``OMP_NUM_THREADS=1`` (the ranks share the
+    host's cores), ``CUDA_VISIBLE_DEVICES=""`` (gloo, no GPU), then ``extra``."""
+    return {**(os.environ if env is None else env), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", **extra}
+
+
+@dataclass(frozen=True)
+class Job:
+    """What :func:`run_commands` saw: one entry per launcher, in the order given."""
+
+    commands: list[list[str]]
+    returncodes: list[int | None]  # after a timeout: the code of the stopped launcher (negative: its signal)
+    timed_out: bool  # a launcher still ran at the timeout (every one left was stopped)
+    seconds: float
+    stdout: list[str]  # each launcher's output ("" where it went to a log file)
+    stderr: list[str]
+
+    @property
+    def ok(self) -> bool:
+        """Every launcher exited 0 before the timeout."""
+        return not self.timed_out and not any(self.returncodes)
+
+    def describe(self, tail_chars: int = 8000) -> str:
+        """The commands, how they ended and the tails of their output: the message of a failed job."""
+        how = "timed out" if self.timed_out else f"exit codes {self.returncodes}"
+        lines = [f"{len(self.commands)} launcher(s) {how} after {self.seconds:.0f} s:"]
+        for command, out, err in zip(self.commands, self.stdout, self.stderr):
+            lines += [" ".join(command), out[-(tail_chars // 2):], err[-tail_chars:]]
+        return "\n".join(lines)
+
+
+def _stop(processes: Sequence[subprocess.Popen]) -> None:
+    """SIGTERM each launcher's process group, then SIGKILL what is left after a grace period."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        alive = [p for p in processes if p.poll() is None]
+        for process in alive:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, sig)
+        deadline = time.monotonic() + _GRACE_S
+        while any(p.poll() is None for p in alive) and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+
+def run_commands(commands: Sequence[Sequence[str]], timeout_s: float, *,
+                 envs: Sequence[Mapping[str, str]] | Mapping[str, str] | None = None, cwd: str | Path | None = None,
+                 logs: Sequence[Path] | None = None) -> Job:
+    """Run the launchers side by side until all exit or ``timeout_s`` passes; then stop every process group left.
+
+    Each launcher starts in its own session (its ranks in its process group), so a timeout, an error or Ctrl-C here
+    stops them all. ``envs``: one environment for all or one per launcher (default: this process's). ``logs``: a
+    file per launcher for its stdout and stderr together (the :class:`Job` then holds no output); else both are
+    captured and returned.
+    """
+    commands = [list(map(str, command)) for command in commands]
+    if envs is None or isinstance(envs, Mapping):
+        envs = [dict(os.environ if envs is None else envs)] * len(commands)
+    with contextlib.ExitStack() as files:
+        if logs is not None:
+            outs = [files.enter_context(open(log, "w")) for log in logs]
+            errs = [subprocess.STDOUT] * len(outs)
+        else:
+            outs = [files.enter_context(tempfile.TemporaryFile("w+")) for _ in commands]
+            errs = [files.enter_context(tempfile.TemporaryFile("w+")) for _ in commands]
+        processes: list[subprocess.Popen] = []
+        start = time.monotonic()
+        try:
+            for command, env, out, err in zip(commands, envs, outs, errs, strict=True):
+                processes.append(subprocess.Popen(command, env=dict(env), cwd=cwd, stdout=out, stderr=err,
+                                                  stdin=subprocess.DEVNULL, start_new_session=True))
+            deadline = start + timeout_s
+            while any(p.poll() is None for p in processes) and time.monotonic() < deadline:
+                time.sleep(0.1)
+        finally:
+            timed_out = any(p.poll() is None for p in processes)
+            _stop(processes)
+        seconds = time.monotonic() - start
+
+        def read(handles: Sequence) -> list[str]:
+            if logs is not None:
+                return [""] * len(commands)
+            texts = []
+            for handle in handles:
+                handle.seek(0)
+                texts.append(handle.read())
+            return texts
+
+        stdout, stderr = read(outs), read(errs)
+    return Job(commands, [p.returncode for p in processes], timed_out, seconds, stdout, stderr)
+
+
+def run_local(target: Sequence[str | Path], nproc_per_node: int, *, nnodes: int = 1, timeout_s: float = 300,
+              env: Mapping[str, str] | None = None, cwd: str | Path | None = None,
+              logs: Sequence[Path] | None = None) -> Job:
+    """``nnodes`` torchrun agents of ``nproc_per_node`` ranks each on this host (a static rendezvous on a free
+    local port when ``nnodes > 1``), run with :func:`run_commands`. ``env`` is the ranks' environment as given
+    (e.g. :func:`cpu_env`; default: this process's)."""
+    port = free_port() if nnodes > 1 else None
+    commands = [torchrun_command(target, nproc_per_node, nnodes=nnodes, node_rank=node, master_port=port)
+                for node in range(nnodes)]
+    return run_commands(commands, timeout_s, envs=env, cwd=cwd, logs=logs)
+
+
+@contextlib.contextmanager
+def unlike_inverse_dct(fraction: float, seed: int) -> Iterator[None]:
+    """Inside, this process's blockwise inverse DCT (the decode of the consensus and the error feedback's estimate)
+    rounds as another GPU model's GEMMs do: ``fraction`` of its non-zero outputs move one ulp up or down at random
+    (``torch.nextafter``); an exact zero, where nothing was sent, stays zero on any hardware. Enter it on the ranks
+    of the node that is to differ."""
+    original = BlockLayout.idct
+    generator = torch.Generator().manual_seed(seed)
+
+    def idct(self: BlockLayout, c: Tensor, out: Tensor, scratch: Tensor) -> Tensor:
+        result = original(self, c, out, scratch)
+        draw = torch.rand(result.shape, generator=generator)
+        direction = torch.where(draw < fraction / 2, -math.inf, math.inf).to(result.dtype)
+        return result.copy_(torch.where((draw < fraction) & (result != 0), torch.nextafter(result, direction), result))
+
+    BlockLayout.idct = idct
+    try:
+        yield
+    finally:
+        BlockLayout.idct = original
