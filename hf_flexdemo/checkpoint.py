@@ -54,7 +54,7 @@ def describe_state(optimizer: FlexDeMo, world_size: int) -> dict[str, Any]:
     delayed exchange): the rank files, whether a delayed exchange is pending, whether local steps run, and each
     parameter's name and full shape in ``state_dict`` order."""
     params = [(name, list(p.shape)) for name, p in optimizer.param_names()]
-    return {"files": [rank_file(r) for r in range(world_size)], "pending": optimizer._pending is not None,
+    return {"files": [rank_file(r) for r in range(world_size)], "pending": optimizer.holds_exchange,
             "local_steps": optimizer.options["local_steps"], "params": params}
 
 

@@ -71,7 +71,7 @@ class FlexDeMoConfig:
     method: Method = field(default="flexdemo", metadata={"help": "Training setup: flexdemo (FSDP2 inside each node, "
                                            "FlexDeMo between nodes), demo (every rank a replica, DeMo), adamw "
                                            "(FSDP2 HSDP with torch AdamW, the baseline)."})
-    # Named flexdemo_preset: the recipes' --preset names a data set of the paper.
+    # Named flexdemo_preset, as the recipes' data set of the paper is --data_preset: "preset" alone means either.
     flexdemo_preset: Preset = field(default="default", metadata={"help": knobs.PRESET_HELP})
     compression_rate: float | None = _knob("compression_rate")
     compression_topk: int | None = _knob("compression_topk")

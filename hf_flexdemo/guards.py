@@ -172,3 +172,29 @@ def check_within_bound(named: list[tuple[str, Tensor]], lrs: list[float], tolera
             "it: a node's parameters were corrupted or replicas apply different updates. Restart from the last "
             "checkpoint; if the nodes are healthy, raise drift_tolerance.")
     return max(drift_values), max(used_values)
+
+
+class DriftCheck:
+    """One optimizer's replica comparison (``on_drift``): ``policy`` is ``on_drift`` with ``"auto"`` resolved at the
+    first check, the same on every rank; ``replica_drift`` the bounded check's last job-wide largest ``|p - p0|``
+    and largest fraction of its bound."""
+
+    def __init__(self, replicate: ReplicateGroup, shard_group: dist.ProcessGroup | None, device: torch.device) -> None:
+        self.replicate, self.shard_group, self.device = replicate, shard_group, device
+        self.policy: str | None = None
+        self.replica_drift: dict[str, float] = {}
+
+    def check(self, named: list[tuple[str, Tensor]], lrs: list[float], *, on_drift: str, tolerance: float,
+              stats: CommStats) -> None:
+        """Compare the named local shards across the replicas (``lrs``: each one's peak learning rate, the bound's
+        step): bit for bit (:func:`check_replicas`) or within the bound (:func:`check_within_bound`)."""
+        if self.policy is None:  # on_drift="auto": exact on one kind of hardware, bounded across kinds
+            self.policy = on_drift
+            if on_drift == "auto":
+                mixed = hardware_differs(self.device, self.replicate, self.shard_group, stats)
+                self.policy = "tolerate" if mixed else "raise"
+        if self.policy == "tolerate":
+            drift, used = check_within_bound(named, lrs, tolerance, self.replicate, self.shard_group, stats)
+            self.replica_drift = {"replica_drift": drift, "replica_drift_of_bound": used}
+        else:
+            check_replicas(named, self.replicate, self.shard_group, self.policy, stats)

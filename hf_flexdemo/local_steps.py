@@ -7,42 +7,38 @@ DiLoCo and SparseLoCo between nodes, FSDP2 inside them. Per step and parameter s
   nothing crosses nodes, no collective and no host sync;
 * every H-th step, after the inner step: the pseudo-gradient ``anchor - local`` enters error feedback,
   ``delta <- compression_decay * delta + (anchor - local)``; the replicator compresses and exchanges it in one
-  collective like any momentum (:class:`~hf_flexdemo.optimizer._InFlight`: rate, blocks, transform, value type,
-  the non-finite flag, the skip decision); the outer rule moves the anchor by the decoded mean ``Q``,
+  collective like any momentum (:class:`~hf_flexdemo.exchange.ExchangeEngine`: rate, blocks, transform, value
+  type, the non-finite flag, the skip decision); the outer rule moves the anchor by the decoded mean ``Q``,
   ``anchor <- anchor - outer_lr * Q`` (SparseLoCo) or with Nesterov momentum ``outer_momentum`` (DiLoCo),
   and every replica restarts from it (``local <- anchor``): replicas are bit-identical after each exchange.
 
-Streaming (``overlap="delayed"``, Streaming DiLoCo): a round's exchange starts at its end and the replicas go
-on from where they are; it lands in the ``outer_delay``-th step (tau) after it, before that step's inner
-update: ``Q`` moves the anchor, the progress of the tau - 1 steps between (``local at the start - local
-now``) joins the error feedback, every replica restarts from the anchor, and the step's gradient, computed
-where the replica was, updates it. So the payload travels during tau - 1 whole steps and a forward and
-backward, replicas are bit-identical at every landing (the drift check runs there), and no step's progress
-is lost: the eager steps' share travels with the next round, as everything compression holds back does.
-(Restarting from the anchor right away, with the exchange landing a whole round late, cost 17 % of
-validation loss at H = 2 in a probe at commit 10e915a: each round then started without its predecessor's
-progress.) ``state_dict`` holds an exchange in flight as ``pending_delta``/``pending_update`` (4 more bytes
-per parameter until it lands).
+Streaming (``overlap="delayed"``, Streaming DiLoCo): a round's exchange starts at its end and the replicas go on
+from where they are; it lands in the ``outer_delay``-th step (tau) after it, before that step's inner update: ``Q``
+moves the anchor, the progress of the tau - 1 steps between (``local at the start - local now``) joins the error
+feedback, every replica restarts from the anchor, and the step's gradient, computed where the replica was, updates
+it. So the payload travels during tau - 1 whole steps and a forward and backward, replicas are bit-identical at
+every landing (the drift check runs there), and no step's progress is lost: the eager steps' share travels with the
+next round, as everything compression holds back does (docs/how-it-works.md says why replicas do not restart from
+the anchor at once). ``state_dict`` holds an exchange in flight as ``pending_delta``/``pending_update`` (4 more
+bytes per parameter until it lands).
 
-Fragments (``outer_fragments=F > 1``, streaming only, Streaming DiLoCo's; 4 by default): a round's whole payload
-may need longer on a slow link than the tau steps it has (0.30 s at 10 Mbit/s against one 0.13 s step on the
-bandwidth benchmark).
-So the parameters are split into F fragments, balanced by size (:func:`partition` of the full element counts, the
-same on every rank), whose rounds are staggered: fragment f's ends after the steps ``done`` with ``done % H ==
-(f + 1) * H / F % H``, and only its stacks are exchanged then and landed tau steps later (the landing as above,
-its drift check on that fragment alone). Each step then sends about 1/F of the payload, the link is busy evenly,
-every fragment still syncs every H steps, and with ``tau <= H / F`` one fragment's exchange at most is in flight.
-Every anchor starts at step 0, so fragment f's first round is (f + 1) * H / F steps, shorter than H but for the
-last. Replicas differ on some fragment at every step after the first, so the consensus parameters are the
-anchors (see below), and a whole round's bytes equal F = 1's plus the F - 1 more collectives' non-finite flags.
+Fragments (``outer_fragments=F > 1``, streaming only, Streaming DiLoCo's; 4 by default): a round's whole payload may
+need longer on a slow link than the tau steps it has. So the parameters are split into F fragments, balanced by size
+(:func:`partition` of the full element counts, the same on every rank), whose rounds are staggered: fragment f's
+ends after the steps ``done`` with ``done % H == (f + 1) * H / F % H``, and only its stacks are exchanged then and
+landed tau steps later (the landing as above, its drift check on that fragment alone). Each step then sends about
+1/F of the payload, the link is busy evenly, every fragment still syncs every H steps, and with ``tau <= H / F`` one
+fragment's exchange at most is in flight. Every anchor starts at step 0, so fragment f's first round is (f + 1) * H
+/ F steps, shorter than H but for the last. Replicas differ on some fragment at every step after the first, so the
+consensus parameters are the anchors (see below), and a whole round's bytes equal F = 1's plus the F - 1 more
+collectives' non-finite flags.
 
 The end of a run (:meth:`LocalSteps.finish`, from ``FlexDeMo.finish``): the exchange in flight lands, then one final
 round of every fragment in one collective, and every replica restarts from the anchor, which then holds every step
 trained. Weights loaded from outside become the anchor (:meth:`LocalSteps.adopt`).
 
 ``compression_decay`` is reused as the error-feedback decay: ``delta`` is the same buffer in the same role
-(what compression held back, decayed once per exchange), and its default 0.999 is all but the plain error
-feedback the probe measured (DESIGN.md section 8). A skipped round (a non-finite pseudo-gradient on some
+(what compression held back, decayed once per exchange). A skipped round (a non-finite pseudo-gradient on some
 rank) keeps the anchor, ``delta`` and the outer momentum, restarts every replica from the anchor, and zeroes
 the non-finite entries of the inner moments and of ``delta``. Streaming, a skipped landing also drops that
 step's gradient (computed where a replica was non-finite) and restarts every fragment, not just its own: a
@@ -66,8 +62,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
-from torch.optim.adamw import adamw
 
+from .mode import Mode
+from .one_replica import adamw_state, adamw_step
 from .plan import Bucket, Stack, local_shard, stack_rows
 
 if TYPE_CHECKING:
@@ -97,35 +94,6 @@ def fragments_for(wanted: int, local_steps: int, outer_delay: int, tensors: int)
     return max(f for f in range(1, max(tensors, 1) + 1) if local_steps % f == 0 and outer_delay <= local_steps // f)
 
 
-def adamw_state(state: dict[str, Any], p: Tensor, group: dict[str, Any] | None = None) -> dict[str, Any]:
-    """``state`` with torch's AdamW moments for ``p`` added where missing (``group``: unused, the plan's state
-    fillers' signature)."""
-    if "exp_avg" not in state:
-        shard = local_shard(p).detach()
-        state["step"] = torch.zeros((), dtype=torch.float32)  # on the CPU, as torch's AdamW keeps it
-        state["exp_avg"] = torch.zeros_like(shard)
-        state["exp_avg_sq"] = torch.zeros_like(shard)
-    return state
-
-
-def adamw_step(stacks: Sequence[Stack]) -> None:
-    """torch's AdamW (foreach) on every shard of ``stacks`` with a gradient, one call per parameter group: the
-    inner step, and the whole step where one replica has nothing to exchange."""
-    groups: dict[int, tuple[dict[str, Any], list[list]]] = {}
-    for stack in stacks:
-        lists = groups.setdefault(id(stack.group), (stack.group, [[], [], [], [], []]))[1]
-        for p, state in zip(stack.params, stack.states):
-            if p.grad is not None:
-                for into, item in zip(lists, (local_shard(p), local_shard(p.grad), state["exp_avg"],
-                                              state["exp_avg_sq"], state["step"])):
-                    into.append(item)
-    for group, (params, grads, exp_avgs, exp_avg_sqs, steps) in groups.values():
-        if params:
-            (beta1, beta2) = group["betas"]
-            adamw(params, grads, exp_avgs, exp_avg_sqs, [], steps, foreach=True, amsgrad=False, beta1=beta1,
-                  beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"], eps=group["eps"], maximize=False)
-
-
 def outer_step(anchor: Tensor, q: Tensor, outer_avg: Tensor | None, *, lr: float, momentum: float) -> None:
     """The outer rule on the ``(P, *shape)`` anchor: ``anchor <- anchor - lr * Q``, or with Nesterov momentum
     (torch's SGD, no dampening): ``m <- momentum * m + Q``, ``anchor <- anchor - lr * (Q + momentum * m)``."""
@@ -136,11 +104,13 @@ def outer_step(anchor: Tensor, q: Tensor, outer_avg: Tensor | None, *, lr: float
     anchor.sub_(q.add_(outer_avg, alpha=momentum), alpha=lr)
 
 
-class LocalSteps:
+class LocalSteps(Mode):
     """The local-steps mode of a :class:`~hf_flexdemo.optimizer.FlexDeMo` (see the module docstring)."""
 
+    anchors = True
+
     def __init__(self, optimizer: FlexDeMo) -> None:
-        self.optimizer = optimizer
+        super().__init__(optimizer)
         self.every = optimizer.options["local_steps"]
         self.lr = optimizer.options["outer_lr"]
         self.momentum = optimizer.options["outer_momentum"]
@@ -196,17 +166,17 @@ class LocalSteps:
         at the round's end and lands at the start of the ``outer_delay``-th step after it; with fragments, the
         round's end of one fragment every ``local_steps / outer_fragments`` steps, its stacks only)."""
         stacks = [stack for bucket in plan for stack in bucket.stacks]
-        opt, done = self.optimizer, self.optimizer.steps + 1
+        engine, done = self.optimizer.exchange, self.optimizer.steps + 1
         self.synced = False
         if not self.streaming:
             adamw_step(stacks)
             if done % self.every == 0:
                 self._launch(stacks)
-                skipped = opt._resolve_and_apply(rule=self._outer)
+                skipped = engine.land(rule=self._outer)
                 self._restart(stacks, clean=skipped)
             return
         skipped = False
-        if (done - self.delay) % self.slot == 0 and (opt._in_flight.exchanges or opt._pending is not None):
+        if (done - self.delay) % self.slot == 0 and (engine.in_flight or engine.held is not None):
             skipped = self._land(stacks, self.fragment_at(done - self.delay))
         if skipped:  # a replica went non-finite: so may this step's gradient and every fragment's progress since
             self._restart(stacks, clean=True)
@@ -216,14 +186,12 @@ class LocalSteps:
             stacks = [stack for stack in stacks if stack.fragment == self.fragment_at(done)]
             self._launch(stacks)  # an empty fragment (or rank) still joins the collective: every rank issues the same
             for stack in stacks:  # what was held back decays now; the progress until the exchange lands joins it
-                held = stack.momentum.zero_() if opt._replicator.spends_momentum else stack.momentum
+                held = stack.momentum.zero_() if engine.replicator.spends_momentum else stack.momentum
                 held.mul_(stack.group["compression_decay"])
                 torch._foreach_add_(list(held.unbind(0)), stack.shards())  # minus where the replica is then (_land)
 
     def _launch(self, stacks: list[Stack]) -> None:
-        opt = self.optimizer
-        opt._in_flight.launch(stacks, kept=opt._kept, step=opt.steps, timing=[], stats=opt._stats,
-                              momentum=self.pseudo_gradient)
+        self.optimizer.exchange.launch(stacks, step=self.optimizer.steps, momentum=self.pseudo_gradient)
 
     def _land(self, stacks: list[Stack], fragment: int) -> bool:
         """Streaming, before a step's inner update: wait for the exchange in flight (or take the one ``state_dict``
@@ -231,11 +199,9 @@ class LocalSteps:
         feedback, and restart every replica from the anchor (the step's gradient, computed where the replica was,
         then updates the anchor: one step stale, as ``overlap="delayed"`` is step-wise). Only ``fragment``'s stacks:
         the exchange's. Whether the exchange was skipped."""
-        opt = self.optimizer
+        opt, engine = self.optimizer, self.optimizer.exchange
         stacks = [stack for stack in stacks if stack.fragment == fragment]
-        if opt._in_flight.exchanges:
-            opt._hold()  # the consensus and error feedback as state: also what state_dict saves in flight
-        pending, opt._pending = opt._pending, None
+        pending = engine.take_held()  # the consensus and error feedback as state: also what state_dict saves
         for stack in stacks:
             stack.momentum = stack_rows(stack.states, "pending_delta")  # decay * (held back) + local at the start
             if pending["skip"]:
@@ -244,25 +210,25 @@ class LocalSteps:
             stack.commit(spent=False)
             torch._foreach_sub_(list(stack.delta.unbind(0)), stack.shards())  # minus where the replica is now
             self._outer(stack, stack_rows(stack.states, "pending_update"))
-        opt._drop_pending(stacks)
+        engine.drop_held_state(stacks)
         if pending["skip"]:
-            opt._skip(pending["step"], pending["own_nonfinite"])
+            engine.skip(pending["step"], pending["own_nonfinite"])
         self._restart(stacks, clean=True)  # a non-finite round is only known now: clean the moments here
         if opt.drift_check_due():  # the one point of a round where replicas agree (on the fragment's parameters)
-            opt._check_drift(None if self.fragments == 1 else self.members[fragment])
+            opt.check_drift(None if self.fragments == 1 else self.members[fragment])
         return pending["skip"]
 
     def finish(self, plan: list[Bucket], final: Replicator | None) -> None:
         """Land the exchange in flight (streaming), then one final round of every fragment in one collective, on
         the optimizer's wire or on ``final``'s: every replica then holds the anchor, which carries every step
         trained (what the final round's compression holds back stays in ``delta``)."""
-        opt, stacks = self.optimizer, [stack for bucket in plan for stack in bucket.stacks]
-        if opt._in_flight.exchanges or opt._pending is not None:
-            launched_at = opt._in_flight.step if opt._in_flight.exchanges else opt._pending["step"]
+        engine, stacks = self.optimizer.exchange, [stack for bucket in plan for stack in bucket.stacks]
+        if engine.in_flight or engine.held is not None:
+            launched_at = engine.launched_at if engine.in_flight else engine.held["step"]
             self._land(stacks, self.fragment_at(launched_at + 1))
-        with opt._exchanging_with(final):
+        with engine.using(final):
             self._launch(stacks)
-            skipped = opt._resolve_and_apply(rule=self._outer)
+            skipped = engine.land(rule=self._outer)
         self._restart(stacks, clean=skipped)
         self.synced = True
 

@@ -1,50 +1,28 @@
-"""FlexDeMo: decoupled-momentum optimisation across nodes, on top of FSDP2 shards.
+"""FlexDeMo: local steps between nodes, FSDP2 inside them, and a compressed, error-fed exchange.
 
-By default (``local_steps=8``) every node takes local AdamW steps and exchanges the pseudo-gradient once a
-round, streamed (:mod:`hf_flexdemo.local_steps`, which reuses this module's exchange). With ``local_steps=1``
-(``preset="step-wise"``) the exchange runs every step; per step and per parameter shard (``g`` already
-averaged over the node by FSDP):
+The default path, ``local_steps=8`` (:mod:`hf_flexdemo.local_steps`): every node takes local AdamW steps on its
+FSDP2 shards, with no traffic; every 8 steps a node's pseudo-gradient (where it went since the last consensus)
+enters error feedback, its largest quarter per block travels in 2-bit values, and every node restarts from the
+consensus. The exchange is streamed: it starts at a round's end and lands a step later, a quarter of the model at a
+time (``outer_fragments``), so the link is busy evenly and hides behind compute. ``local_steps=1``
+(``preset="step-wise"``, :mod:`hf_flexdemo.stepwise`) exchanges the compressed momentum every step, as FlexDeMo
+does; a single node trains as torch's AdamW (:mod:`hf_flexdemo.one_replica`).
 
-1. momentum ``delta <- beta * delta + lr * g`` (``momentum="lr"``, DeMo) or ``+ (1 - beta) * g`` (``"ema"``),
-   or ``+`` AdamW's first moment ``m`` of this replica's ``g`` (``"avg"``) or its direction ``m / (sqrt(v) + eps)``
-   (``"adam"``, the default: without compression and with ``update="sgd"`` this is AdamW)
-2. the replicator selects what travels: by default (``"demo"``) the largest ``compression_rate`` of each DCT
-   block's coefficients (:mod:`hf_flexdemo.replicators`)
-3. error feedback ``delta <- delta - alpha * IDCT(sent)`` (``alpha = compression_feedback``)
-4. one collective over the replicate group carries every shard's payload
-5. ``Q`` = the decode of all replicas' payloads, bit-identical on every replica
-6. decoupled weight decay and the update: ``p <- p - lr * sign(Q)`` (``"sign"``), SGD on ``Q`` (``"sgd"``, the
-   default), AdamW fed with ``Q`` as its gradient (``"adamw"``), or AdamW without its first moment
-   (``"rmsprop"``) (:mod:`hf_flexdemo.functional`)
+This module holds what every mode shares: the knobs, resolved once (:mod:`hf_flexdemo.knobs`); the plan of which
+shards travel together (:mod:`hf_flexdemo.plan`); the exchange engine (:mod:`hf_flexdemo.exchange`); ``state_dict``,
+the end of a run (:meth:`FlexDeMo.finish`) and the drift check (:mod:`hf_flexdemo.guards`). ``step()`` dispatches to
+the mode (:mod:`hf_flexdemo.mode`). docs/how-it-works.md explains the algorithm and why each default is what it is.
 
-This module holds the step's transaction: the plan (:mod:`hf_flexdemo.plan`), the backward hooks,
-compress -> exchange -> decide -> decode -> commit and apply, delayed application, ``state_dict`` and the
-drift check. What varies between ways of exchanging lives in the replicator; the arithmetic in
-:mod:`hf_flexdemo.functional`; the knobs, their defaults and their checks in :mod:`hf_flexdemo.knobs`.
-
-When the exchange happens (``overlap``):
-
-* ``"none"``: ``step()`` compresses every shard and exchanges them in one collective;
-* ``"backward"``: a bucket is compressed and its collective started from the hook FSDP2 fires once the
-  bucket's node-averaged shards are final, so the network carries it while backward computes the rest;
-  ``step()`` waits, decodes and applies (bit-identical to ``"none"``; only the collectives are split);
-* ``"delayed"``: ``step()`` applies the previous step's consensus and starts this step's exchange, which
-  then travels during the next forward and backward (one step of staleness, as in Psyche); with
-  ``local_steps > 1``, during the next round's inner steps (:mod:`hf_flexdemo.local_steps`).
-
-What a GPU cluster needs from ``step()``: the collectives that cross nodes carry the payload (the
-non-finite flag rides in it), one tiny all-reduce stays inside the node (the flag, made job-wide), and
-the host waits for the device once (the skip decision). Every tensor lives on the parameters' device,
-and ``torch.profiler`` shows the phases as ``FlexDeMo::compress``, ``::exchange``, ``::decode``, ``::apply``.
+What a GPU cluster needs from ``step()``: the collectives that cross nodes carry the payload (the non-finite flag
+rides in it), one tiny all-reduce stays inside the node (the flag, made job-wide), and the host waits for the device
+once (the skip decision). Every tensor lives on the parameters' device, and ``torch.profiler`` shows the phases as
+``FlexDeMo::compress``, ``::exchange``, ``::decode``, ``::apply``.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-import warnings
-import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, Literal
 
@@ -53,9 +31,10 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
-from torch.profiler import record_function
 
-from . import budget, compression, guards, knobs, local_steps
+from . import budget, knobs, local_steps
+from .exchange import HELD_KEYS, MOMENT_KEYS, ExchangeEngine
+from .guards import DriftCheck
 from .knobs import (
     DEFAULT_RATE,
     DEFAULTS,
@@ -73,19 +52,17 @@ from .knobs import (
     ValueDtype,
     check,
 )
-from .plan import Bucket, Stack, build_plan, local_shard, new_state, set_rows, stack_rows
+from .mode import Mode
+from .one_replica import OneReplica
+from .plan import Bucket, build_plan, local_shard
 from .replicate import CommStats, ReplicateGroup, dense_allreduce_bytes
-from .replicators import DENSE, REGISTRY, Exchange, exchange_bytes
+from .replicators import DENSE, REGISTRY, exchange_bytes
 from .replicators import Replicator as ReplicatorBase
-from .workspace import Workspace
+from .stepwise import StepWise
 
 PARAM_DTYPES = (torch.float32, torch.bfloat16)
-# The replica's own gradient moments of momentum="avg" ("adam" adds the second), float32 like delta.
-MOMENT_KEYS = ("grad_avg", "grad_avg_sq")
-# State held until overlap="delayed" applies it (see state_dict), and what stays float32 whatever the params.
-PENDING_KEYS = ("pending_delta", "pending_update", *(f"pending_{key}" for key in MOMENT_KEYS))
-FLOAT32_KEYS = ("delta", *MOMENT_KEYS, *PENDING_KEYS, *local_steps.FLOAT32_KEYS)
-_D = DEFAULTS
+# What stays float32 whatever the parameters' dtype (torch's load_state_dict casts state to it).
+FLOAT32_KEYS = ("delta", *MOMENT_KEYS, *HELD_KEYS, *local_steps.FLOAT32_KEYS)
 logger = logging.getLogger(__name__)
 FINAL = "compressed"  # finish()'s wire for the last round (docs/how-it-works.md "The end of a run")
 
@@ -109,41 +86,41 @@ class FlexDeMo(Optimizer):
     def __init__(
         self,
         params: Iterable[Tensor] | Iterable[dict[str, Any]],
-        lr: float = _D["lr"],
+        lr: float = DEFAULTS["lr"],
         *,
         replicate_group: dist.ProcessGroup | None = None,
         shard_group: dist.ProcessGroup | None = None,
         preset: Preset = "default",
-        compression_rate: float | None = _D["compression_rate"],
-        compression_topk: int | None = _D["compression_topk"],
-        compression_chunk: int = _D["compression_chunk"],
-        compression_transform: Transform = _D["compression_transform"],
-        compression_decay: float = _D["compression_decay"],
-        compression_feedback: float = _D["compression_feedback"],
-        momentum: Momentum = _D["momentum"],
-        update: Update = _D["update"],
-        replicator: Replicator = _D["replicator"],
-        consensus: Consensus = _D["consensus"],
-        weight_decay: float = _D["weight_decay"],
-        value_dtype: ValueDtype = _D["value_dtype"],
-        replicator_seed: int = _D["replicator_seed"],
-        betas: tuple[float, float] = _D["betas"],
-        eps: float = _D["eps"],
-        overlap: Overlap = _D["overlap"],
-        bucket_cap_mb: float = _D["bucket_cap_mb"],
-        budget_bytes: int | None = _D["budget_bytes"],
-        budget_fraction: float | None = _D["budget_fraction"],
-        budget_min_rate: float = _D["budget_min_rate"],
-        budget_max_rate: float = _D["budget_max_rate"],
-        on_nonfinite: NonfiniteAction = _D["on_nonfinite"],
-        drift_check_every: int = _D["drift_check_every"],
-        on_drift: DriftAction = _D["on_drift"],
-        drift_tolerance: float = _D["drift_tolerance"],
-        local_steps: int = _D["local_steps"],
-        outer_lr: float = _D["outer_lr"],
-        outer_momentum: float = _D["outer_momentum"],
-        outer_delay: int = _D["outer_delay"],
-        outer_fragments: int | None = _D["outer_fragments"],
+        compression_rate: float | None = DEFAULTS["compression_rate"],
+        compression_topk: int | None = DEFAULTS["compression_topk"],
+        compression_chunk: int = DEFAULTS["compression_chunk"],
+        compression_transform: Transform = DEFAULTS["compression_transform"],
+        compression_decay: float = DEFAULTS["compression_decay"],
+        compression_feedback: float = DEFAULTS["compression_feedback"],
+        momentum: Momentum = DEFAULTS["momentum"],
+        update: Update = DEFAULTS["update"],
+        replicator: Replicator = DEFAULTS["replicator"],
+        consensus: Consensus = DEFAULTS["consensus"],
+        weight_decay: float = DEFAULTS["weight_decay"],
+        value_dtype: ValueDtype = DEFAULTS["value_dtype"],
+        replicator_seed: int = DEFAULTS["replicator_seed"],
+        betas: tuple[float, float] = DEFAULTS["betas"],
+        eps: float = DEFAULTS["eps"],
+        overlap: Overlap = DEFAULTS["overlap"],
+        bucket_cap_mb: float = DEFAULTS["bucket_cap_mb"],
+        budget_bytes: int | None = DEFAULTS["budget_bytes"],
+        budget_fraction: float | None = DEFAULTS["budget_fraction"],
+        budget_min_rate: float = DEFAULTS["budget_min_rate"],
+        budget_max_rate: float = DEFAULTS["budget_max_rate"],
+        on_nonfinite: NonfiniteAction = DEFAULTS["on_nonfinite"],
+        drift_check_every: int = DEFAULTS["drift_check_every"],
+        on_drift: DriftAction = DEFAULTS["on_drift"],
+        drift_tolerance: float = DEFAULTS["drift_tolerance"],
+        local_steps: int = DEFAULTS["local_steps"],
+        outer_lr: float = DEFAULTS["outer_lr"],
+        outer_momentum: float = DEFAULTS["outer_momentum"],
+        outer_delay: int = DEFAULTS["outer_delay"],
+        outer_fragments: int | None = DEFAULTS["outer_fragments"],
     ) -> None:
         given = knobs.apply_preset(preset, {key: value for key, value in locals().items() if key in DEFAULTS})
         knobs.validate(given)
@@ -157,63 +134,36 @@ class FlexDeMo(Optimizer):
             self._check_group(group)
         self.replicate = ReplicateGroup(replicate_group)
         first = next(p for group in self.param_groups for p in group["params"])
-        self._device = local_shard(first).device
+        self.device = local_shard(first).device
         if shard_group is None and isinstance(first, DTensor) and first.device_mesh.ndim == 1:
             shard_group = first.device_mesh.get_group()
         self.shard_group = shard_group
         self.steps = 0  # optimizer steps taken or skipped: the drift schedule and the random positions' seed
-        self.skipped_steps = 0
-        # the bounded check's last job-wide largest |p - p0| and largest fraction of its bound
-        self.replica_drift: dict[str, float] = {}
-        self._drift_policy: str | None = None  # on_drift, "auto" resolved at the first check
+        self.drift = DriftCheck(self.replicate, shard_group, self.device)
         self.comm_stats: dict[str, int] = CommStats().as_dict()
-        # A budget's current rate (None: each group's compression_rate / compression_topk). A byte budget's
-        # is solved from the shard shapes when the plan is built.
-        self._rate: float | None = None
-        if budget_fraction is not None:
-            self._rate = min(max(given["compression_rate"] or DEFAULT_RATE, budget_min_rate), budget_max_rate)
-        self._stats = CommStats()  # the step being built (backward hooks count into it too)
-        self._timing = torch.full((1,), -1.0, device=self._device)  # the last step's waited fraction (budget)
-        self._last_step_end: float | None = None
-        self._workspace = Workspace()
-        self._hooks: list[Any] = []
+        self.exchange = ExchangeEngine(self._new_replicator(DENSE), replicate=self.replicate, shard_group=shard_group,
+                                       device=self.device, options=self.options)
+        if budget_fraction is not None:  # a byte budget's rate is solved from the shard shapes with the plan
+            self.exchange.rate = min(max(given["compression_rate"] or DEFAULT_RATE, budget_min_rate), budget_max_rate)
+        self.mode: Mode = Mode(self)
         self._reset()
 
     def _reset(self) -> None:
-        """The replicator, the plan and the hooks, (re)built from ``options`` and the parameters' state."""
+        """The mode, the replicator and the plan, (re)built from ``options`` and the parameters' state."""
         # One replica sends nothing: it trains as the rule's dense limit, exactly torch's AdamW where that is AdamW
         # (local steps, and the step-wise momentum="adam" with update="sgd"); replicator="none" emulates the wire.
         single = self.replicate.size == 1 and not REGISTRY[self.options["replicator"]].emulates
         self.adamw_only = single and (self.options["local_steps"] > 1 or all(
             g["momentum"] == "adam" and g["update"] == "sgd" for g in self.param_groups))
-        self._replicator = self._new_replicator(DENSE if single else self.options["replicator"])
+        self.exchange.options = self.options
+        self.exchange.reset(self._new_replicator(DENSE if single else self.options["replicator"]))
+        if isinstance(self.mode, StepWise):
+            self.mode.remove_hooks()
+        self.mode = (OneReplica(self) if self.adamw_only else
+                     local_steps.LocalSteps(self) if self.options["local_steps"] > 1 else StepWise(self))
         self._plan: list[Bucket] | None = None
         self._planned: tuple[int, ...] = ()  # the trainable parameters the plan was built for
         self._dense_bytes = 0  # a dense fp32 all-reduce of the trainable shards: set with the plan
-        self._bucket_of: dict[int, Bucket] = {}
-        self._next_launch = 0  # buckets are launched in plan order, so every replica issues the same sequence
-        self._in_flight = _InFlight(self._replicator, self._workspace, self._device)
-        self._pending: dict[str, Any] | None = None  # overlap="delayed": the resolved consensus awaiting its step
-        # local_steps > 1: inner AdamW steps and an exchange per round (hf_flexdemo.local_steps)
-        self._local = (local_steps.LocalSteps(self) if self.options["local_steps"] > 1 and not self.adamw_only
-                       else None)
-        self._register_hooks()
-
-    def _register_hooks(self) -> None:
-        """``overlap="backward"``: a post-accumulate-grad hook on every trainable FSDP2 shard."""
-        for handle in self._hooks:
-            handle.remove()
-        self._hooks = []
-        if self.options["overlap"] == "backward" and not self.adamw_only:
-            # FSDP2 calls a shard's post-accumulate-grad hook once its node-averaged gradient is final.
-            method = weakref.WeakMethod(self._gradient_ready)  # hooks must not keep the optimizer alive
-
-            def hook(param: Tensor) -> None:
-                if (ready := method()) is not None:
-                    ready(param)
-
-            self._hooks = [p.register_post_accumulate_grad_hook(hook) for group in self.param_groups
-                           for p in group["params"] if p.requires_grad and isinstance(p, DTensor)]
 
     def _new_replicator(self, name: str) -> ReplicatorBase:
         return REGISTRY[name](self.replicate, value_dtype=self.options["value_dtype"],
@@ -239,62 +189,31 @@ class FlexDeMo(Optimizer):
                   "torch.float32 | torch.bfloat16 (fp16 needs a loss scaler that can skip a step on one "
                   "rank only and deadlock the others)")
 
-    # ---- state -------------------------------------------------------------------------------
+    # ---- what a Trainer reads ------------------------------------------------------------------
 
     @property
     def rate(self) -> float | None:
         """The compression rate in use: a budget's current choice, else the first group's ``compression_rate``."""
-        return self._rate if self._rate is not None else self.param_groups[0]["compression_rate"]
+        return self.exchange.rate if self.exchange.rate is not None else self.param_groups[0]["compression_rate"]
 
-    def state_dict(self) -> dict[str, Any]:
-        """Torch's ``state_dict`` plus the optimizer-wide options, the step counters and the budget's rate.
+    @property
+    def skipped_steps(self) -> int:
+        """Steps (or rounds) every rank skipped for a non-finite value (``on_nonfinite="skip"``)."""
+        return self.exchange.skipped_steps
 
-        With ``overlap="delayed"`` the exchange in flight is waited for and decoded first: the candidate
-        momentum and the consensus still to apply are per-parameter state (``pending_delta``,
-        ``pending_update``), so a resumed run applies exactly what the uninterrupted one would.
-        """
-        if self._in_flight.exchanges:
-            if self.options["overlap"] != "delayed":
-                raise RuntimeError("FlexDeMo: state_dict() while this step's exchange is in flight (after backward, "
-                                   "before step()); call it after optimizer.step().")
-            self._hold()
-        state = super().state_dict()
-        state["flexdemo"] = {"options": dict(self.options), "steps": self.steps, "skipped_steps": self.skipped_steps,
-                             "rate": self._rate, "pending": self._pending}
-        if self._local is not None:
-            self._local.save(state)
-        return state
+    @property
+    def replica_drift(self) -> dict[str, float]:
+        """The bounded drift check's last job-wide largest ``|p - p0|`` and largest fraction of its bound."""
+        return self.drift.replica_drift
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load as torch does, with the saved options; keep the momentum in float32 (torch casts it to the
-        parameter's dtype). A checkpoint from before ``options`` carries them in its param groups."""
-        super().load_state_dict(state_dict)
-        counters = state_dict.get("flexdemo", {})
-        saved = dict(counters.get("options") or {})
-        if "options" not in counters:
-            saved = {key: self.param_groups[0][key] for key in OPTIMIZER_WIDE if key in self.param_groups[0]}
-            saved.setdefault("consensus", "choosers")  # saved before the knob existed: DeMo's decode
-        for group in self.param_groups:
-            for key in OPTIMIZER_WIDE:
-                group.pop(key, None)
-            group.setdefault("compression_transform", "dct")  # saved before the knob existed
-        saved.setdefault("outer_fragments", 1)  # saved before the knob existed: the whole model in one round
-        self.options = {**self.options, **saved}
-        params = [p for group in self.param_groups for p in group["params"]]
-        for index, saved_state in state_dict["state"].items():
-            for key in FLOAT32_KEYS:
-                if key in saved_state:
-                    self.state[params[index]][key] = saved_state[key].to(device=self._device, dtype=torch.float32,
-                                                                         copy=True)
-        self.steps = counters.get("steps", 0)
-        self.skipped_steps = counters.get("skipped_steps", 0)
-        self._rate = counters.get("rate")
-        self._reset()  # on the loaded options and state
-        self._pending = counters.get("pending")
-        if self._pending is not None and "here" in self._pending:  # the key's name before it said what it holds
-            self._pending["own_nonfinite"] = self._pending.pop("here")
-        if self._local is not None:
-            self._local.load(state_dict)
+    @property
+    def holds_exchange(self) -> bool:
+        """Whether an exchange is in flight or held, to land in a later step (``state_dict`` then saves it)."""
+        return self.exchange.in_flight or self.exchange.held is not None
+
+    def pop_exchange_seconds(self) -> float:
+        """Seconds this rank waited for inter-node collectives since the last call (syncs on CUDA)."""
+        return self.replicate.timer.pop()
 
     @contextmanager
     def consensus_parameters(self) -> Iterator[None]:
@@ -302,15 +221,55 @@ class FlexDeMo(Optimizer):
         ``local_steps > 1`` in the middle of a round, the anchor instead of this node's local values (put back on
         exit, bit for bit); otherwise the parameters already are the consensus. Under FSDP2, reshard the modules
         before and after the block (FlexDeMoTrainer does): the root keeps its gathered parameters after a forward."""
-        if self._local is None:
-            yield
-            return
-        with self._local.anchored():
+        with self.mode.anchored():
             yield
 
-    def pop_exchange_seconds(self) -> float:
-        """Seconds this rank waited for inter-node collectives since the last call (syncs on CUDA)."""
-        return self.replicate.timer.pop()
+    # ---- state -------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Torch's ``state_dict`` plus the optimizer-wide options, the step counters and the budget's rate.
+
+        An exchange in flight (``overlap="delayed"``, streamed local steps) is waited for and decoded first: the
+        candidate momentum and the consensus still to apply are per-parameter state (``pending_delta``,
+        ``pending_update``), so a resumed run applies exactly what the uninterrupted one would.
+        """
+        if self.exchange.in_flight:
+            self._refuse_in_flight("state_dict")
+            self.exchange.hold()
+        state = super().state_dict()
+        state["flexdemo"] = {"options": dict(self.options), "steps": self.steps, "skipped_steps": self.skipped_steps,
+                             "rate": self.exchange.rate, "pending": self.exchange.held}
+        self.mode.save(state)
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load as torch does, with the saved options; keep the momentum in float32 (torch casts it to the
+        parameter's dtype)."""
+        counters = state_dict.get("flexdemo") or {}
+        missing = sorted(set(OPTIMIZER_WIDE) - set(counters.get("options") or {}))
+        if missing:
+            raise ValueError(f"FlexDeMo: this state_dict lacks the options {missing}: it was not saved by this "
+                             "version of FlexDeMo (its 'flexdemo' entry holds every optimizer-wide knob). Resume "
+                             "from a checkpoint written by this version, or load the model weights alone.")
+        super().load_state_dict(state_dict)
+        self.options = {key: counters["options"][key] for key in OPTIMIZER_WIDE}
+        params = [p for group in self.param_groups for p in group["params"]]
+        for index, saved_state in state_dict["state"].items():
+            for key in FLOAT32_KEYS:
+                if key in saved_state:
+                    self.state[params[index]][key] = saved_state[key].to(device=self.device, dtype=torch.float32,
+                                                                         copy=True)
+        self.steps = counters["steps"]
+        self.exchange.skipped_steps = counters["skipped_steps"]
+        self.exchange.rate = counters["rate"]
+        self._reset()  # on the loaded options and state
+        self.exchange.restore_held(counters["pending"])
+        self.mode.load(state_dict)
+
+    def _refuse_in_flight(self, what: str) -> None:
+        if self.options["overlap"] != "delayed":
+            raise RuntimeError(f"FlexDeMo: {what}() while this step's exchange is in flight (after backward, before "
+                               "step()); call it after optimizer.step().")
 
     # ---- the plan ----------------------------------------------------------------------------
 
@@ -318,42 +277,39 @@ class FlexDeMo(Optimizer):
         """Which parameters the plan covers: those that require a gradient, in group order (host-only)."""
         return tuple(id(p) for group in self.param_groups for p in group["params"] if p.requires_grad)
 
-    def _buckets(self) -> list[Bucket]:
-        """The exchange plan (:func:`hf_flexdemo.plan.build_plan`), built on the first step and again whenever the
-        trainable parameters change (a parameter frozen or unfrozen, :meth:`add_param_group`): the exchanges in
-        flight land and a final round brings every replica to one consensus first (:meth:`finish`), so the new
-        plan starts where all replicas agree. ``requires_grad`` is the same on every rank, so is the plan."""
+    def exchange_plan(self) -> list[Bucket]:
+        """The buckets and stacks the exchange runs on (:func:`hf_flexdemo.plan.build_plan`), built on the first step
+        and again whenever the trainable parameters change (a parameter frozen or unfrozen, :meth:`add_param_group`):
+        the exchanges in flight land and a final round brings every replica to one consensus first
+        (:meth:`finish`), so the new plan starts where all replicas agree. ``requires_grad`` is the same on every
+        rank, so is the plan."""
         if self._plan is not None and self._trainable() != self._planned:
             self._settle(FINAL)
             self._plan = None
-            self._register_hooks()
         if self._plan is None:
             if not self._planned and self.replicate.size == 1:
-                name = self._replicator.name
+                name = self.exchange.replicator.name
                 how = ("torch's AdamW step" if self.adamw_only else "the rule's dense limit" if name == DENSE
                        else f"the wire emulated (replicator={name!r})")
                 logger.info("FlexDeMo: one replica, nothing crosses nodes: %s.", how)
             self._planned = self._trainable()
-            if self.adamw_only:
-                fill = local_steps.adamw_state
-            else:
-                fill = new_state if self._local is None else self._local.new_state
-            fragment_of = None if self._local is None else self._local.assign([p for _, p in self._named_params()])
-            self._plan = build_plan(self.param_groups, lambda p, group: fill(self.state[p], p, group),
+            fragment_of = self.mode.assign([p for _, p in self._named_params()])
+            self._plan = build_plan(self.param_groups, lambda p, group: self.mode.new_state(self.state[p], p, group),
                                     bucket_cap_mb=self.options["bucket_cap_mb"],
                                     hook_shards=self.options["overlap"] == "backward", fragment_of=fragment_of)
-            self._bucket_of = {id(p): bucket for bucket in self._plan for p in bucket.params}
             numel = sum(local_shard(p).numel() for b in self._plan for s in b.stacks for p in s.params)
             self._dense_bytes = dense_allreduce_bytes(numel, self.replicate.size)  # AdamW-HSDP's, for the ratio
             if self.options["budget_bytes"] is not None:
-                self._rate = budget.rate_for_bytes(self._bytes_at, self.options["budget_bytes"],
-                                                   self.options["budget_min_rate"], self.options["budget_max_rate"])
+                self.exchange.rate = budget.rate_for_bytes(self._bytes_at, self.options["budget_bytes"],
+                                                           self.options["budget_min_rate"],
+                                                           self.options["budget_max_rate"])
         return self._plan
 
     def _bytes_at(self, rate: float) -> int:
         """Inter-node bytes this rank sends per step at ``rate`` (the byte budget's equation): every step's exchange,
         or with local steps a round's (one exchange per fragment) over its ``local_steps`` steps, rounded up."""
-        fragments = [None] if self._local is None else [{id(p) for p in members} for members in self._local.members]
+        members = getattr(self.mode, "members", None)
+        fragments = [None] if members is None else [{id(p) for p in fragment} for fragment in members]
         total = sum(
             exchange_bytes(self.options["replicator"],
                            [tuple(local_shard(p).shape) for p in group["params"]
@@ -364,63 +320,28 @@ class FlexDeMo(Optimizer):
         )
         return -(-total // self.options["local_steps"])
 
-    def _kept(self, stack: Stack) -> int:
-        if not self._replicator.compresses:
-            return 0
-        if self._rate is not None:
-            return compression.kept_per_block(stack.layout.block_numel, self._rate, None)
-        return compression.kept_per_block(stack.layout.block_numel, stack.group["compression_rate"],
-                                          stack.group["compression_topk"])
-
     # ---- step --------------------------------------------------------------------------------
 
     @torch.no_grad()
-    def _gradient_ready(self, param: Tensor) -> None:
-        """FSDP2's hook for ``param``: start the exchange of every complete bucket, in plan order."""
-        plan = self._buckets()
-        bucket = self._bucket_of[id(param)]
-        if bucket.launched or id(param) in bucket.ready:
-            names = [n for n, p in self._named_params() if p is param]
-            raise RuntimeError(
-                f"FlexDeMo(overlap='backward'): the gradient of {names[0] if names else 'a parameter'} arrived twice "
-                "before step(). With gradient accumulation, reduce gradients on the last micro-batch only "
-                "(Accelerate's accumulate/no_sync, or model.set_requires_gradient_sync(False) before the others), "
-                "or use overlap='none'.")
-        bucket.ready.add(id(param))
-        while self._next_launch < len(plan):
-            candidate = plan[self._next_launch]
-            if not (candidate.hooked and len(candidate.ready) == len(candidate.params)):
-                break
-            self._launch([candidate])
-
-    @torch.no_grad()
     def step(self, closure=None):  # type: ignore[override]
-        """One optimizer step (see the module docstring): with local steps an inner AdamW step and, at a round's
-        end, its exchange; step-wise the compressed exchange of the momentum and the update; with one replica
-        torch's AdamW. ``closure`` re-evaluates the loss, as in torch's optimizers."""
+        """One optimizer step, by the mode: at the defaults an inner AdamW step and, at the end of a fragment's
+        round, the start of its streamed exchange (the one in flight lands first); step-wise the compressed
+        exchange of the momentum and the update; with one replica torch's AdamW. ``closure`` re-evaluates the loss,
+        as in torch's optimizers."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        plan = self._buckets()
+        plan = self.exchange_plan()
         # every N steps; with local steps, at the first point from there on where replicas agree
-        if not self.adamw_only and (self._local is None or self._local.agreed(self.steps)) and self.drift_check_due():
-            self._check_drift()
-        if self.adamw_only:
-            self._adamw_step([stack for bucket in plan for stack in bucket.stacks])
-        elif self._local is not None:
-            self._local.step(plan)
-        elif self.options["overlap"] == "delayed":
-            if self._in_flight.exchanges:
-                self._hold()
-            if self._pending is not None:
-                self._apply_pending()
-            self._launch(plan)  # travels during the next forward and backward
-        else:
-            if self._next_launch < len(plan):
-                self._launch(plan[self._next_launch:])  # what backward has not started (everything, for "none")
-            self._resolve_and_apply()
-        self._end_step(plan)
+        if not self.adamw_only and self.mode.agreed(self.steps) and self.drift_check_due():
+            self.check_drift()
+        self.mode.step(plan)
+        self.steps += 1
+        self.comm_stats = self.exchange.close_step(self._dense_bytes)
+        self.mode.end_step(plan)
+        if self.options["budget_fraction"] is not None:
+            self.exchange.time_step()
         return loss
 
     @torch.no_grad()
@@ -434,27 +355,19 @@ class FlexDeMo(Optimizer):
         keys), which ``comm_stats`` then holds; a single replica, or replicas already in agreement, send nothing.
         """
         check(final in ("compressed", "dense"), "final", final, "'compressed' | 'dense'")
-        if self._in_flight.exchanges and self.options["overlap"] != "delayed":
-            raise RuntimeError("FlexDeMo: finish() while this step's exchange is in flight (after backward, before "
-                               "step()); call it after optimizer.step().")
+        if self.exchange.in_flight:
+            self._refuse_in_flight("finish")
         self._settle(final)
-        self._stats.dense_bytes = self._dense_bytes
-        self.comm_stats, self._stats = self._stats.as_dict(), CommStats()
+        self.comm_stats = self.exchange.close_step(self._dense_bytes)
         return self.comm_stats
 
     def _settle(self, final: str) -> None:
         """:meth:`finish`'s landing and final round, its traffic counted into the step being built."""
         if self.adamw_only or not self.state:
             return
-        plan = self._plan if self._plan is not None else self._buckets()  # loaded from a state_dict: rebuilt
-        if self._local is not None:
-            if not self._local.agreed(self.steps) or self._in_flight.exchanges or self._pending is not None:
-                self._local.finish(plan, None if final == "compressed" else self._new_replicator(DENSE))
-        elif self.options["overlap"] == "delayed":
-            if self._in_flight.exchanges:
-                self._hold()
-            if self._pending is not None:
-                self._apply_pending()
+        plan = self._plan if self._plan is not None else self.exchange_plan()  # loaded from a state_dict: rebuilt
+        if not self.mode.agreed(self.steps) or self.holds_exchange:
+            self.mode.finish(plan, None if final == "compressed" else self._new_replicator(DENSE))
 
     @torch.no_grad()
     def adopt_parameters(self) -> None:
@@ -465,142 +378,8 @@ class FlexDeMo(Optimizer):
         rank, each having loaded the same weights (``FlexDeMoTrainer`` does, from a load hook on the model)."""
         if self._plan is None:
             return
-        if self._in_flight.exchanges:
-            stacks = self._resolve()[0]
-            for stack in stacks:
-                stack.discard()
-        if self._pending is not None:
-            self._pending = None
-            self._drop_pending([s for b in self._plan for s in b.stacks])
-        if self._local is not None:
-            self._local.adopt(self._plan)
-
-    @contextmanager
-    def _exchanging_with(self, replicator: ReplicatorBase | None) -> Iterator[None]:
-        """Inside the block the exchanges run on ``replicator`` (``None``: the optimizer's own)."""
-        if replicator is None:
-            yield
-            return
-        own, self._replicator, self._in_flight.replicator = self._replicator, replicator, replicator
-        try:
-            yield
-        finally:
-            self._replicator = self._in_flight.replicator = own
-
-    def _adamw_step(self, stacks: list[Stack]) -> None:
-        """One replica: torch's AdamW, unless a gradient in the node is non-finite (the step's one host sync;
-        ``on_nonfinite`` as with several replicas)."""
-        with record_function("FlexDeMo::apply"):
-            grads = [local_shard(p.grad) for stack in stacks for p in stack.params if p.grad is not None]
-            flag = guards.nonfinite(grads, self._device).to(torch.float32).reshape(1)
-            if guards.max_in_group(flag, self.shard_group, self._stats).item() > 0:
-                self._skip(self.steps, bool(flag.item()))
-                return
-            local_steps.adamw_step(stacks)
-
-    def _launch(self, buckets: list[Bucket]) -> None:
-        """Compress ``buckets`` (consecutive in the plan) and start their exchange, in one collective."""
-        for bucket in buckets:
-            bucket.launched = True
-        self._next_launch += len(buckets)
-        timing = [self._timing] if self.options["budget_fraction"] is not None else []
-        self._in_flight.launch([s for b in buckets for s in b.stacks], kept=self._kept, step=self.steps,
-                               timing=timing, stats=self._stats)
-
-    def _resolve(self) -> tuple[list[Stack], list[Any], bool, bool]:
-        """Finish the exchanges in flight and decide (a time budget's next rate with it)."""
-        stacks, received, skip, own_nonfinite, measured = self._in_flight.resolve(self.shard_group, self._stats)
-        if measured is not None:
-            options = self.options
-            self._rate = budget.next_rate(self._rate, measured, options["budget_fraction"],
-                                          options["budget_min_rate"], options["budget_max_rate"])
-        return stacks, received, skip, own_nonfinite
-
-    def _resolve_and_apply(self, rule: Callable[[Stack, Tensor], None] | None = None) -> bool:
-        """Wait for this step's exchanges, decide, then decode and apply stack by stack (``rule(stack, Q)``;
-        default: the group's update); whether the step was skipped."""
-        stacks, received, skip, own_nonfinite = self._resolve()
-        if skip:
-            self._skip(self.steps, own_nonfinite)
-            for stack in stacks:
-                stack.discard()
-            return True
-        for stack, payload in zip(stacks, received):
-            with record_function("FlexDeMo::decode"):
-                q = self._replicator.decode(stack, payload, workspace=self._workspace)
-            with record_function("FlexDeMo::apply"):
-                stack.commit(spent=self._replicator.spends_momentum)
-                if rule is None:
-                    stack.apply(q, stack.lr, self._workspace)
-                else:
-                    rule(stack, q)
-        return False
-
-    def _hold(self) -> None:
-        """``overlap="delayed"``: wait for the exchange in flight, decide, and keep the decoded consensus and
-        the candidate momentum as per-parameter state until the step that applies them (with local steps, until
-        the next round's end)."""
-        launched_at = self._in_flight.step
-        stacks, received, skip, own_nonfinite = self._resolve()
-        for stack, payload in zip(stacks, received):
-            if not skip:
-                with record_function("FlexDeMo::decode"):
-                    q = self._replicator.decode(stack, payload, workspace=self._workspace).clone()
-                set_rows(stack.states, "pending_update", q.unbind(0))
-            for key, rows in stack.candidate().items():
-                set_rows(stack.states, f"pending_{key}", rows)
-        self._pending = {"skip": skip, "own_nonfinite": own_nonfinite, "lrs": [stack.lr for stack in stacks],
-                         "step": launched_at}
-
-    def _apply_pending(self) -> None:
-        """``overlap="delayed"``: commit and apply the held consensus of the previous step (or skip it)."""
-        pending, self._pending = self._pending, None
-        stacks = [s for b in self._buckets() for s in b.stacks]
-        for stack, lr in zip(stacks, pending["lrs"]):
-            stack.momentum, stack.lr = stack_rows(stack.states, "pending_delta"), lr
-            held = [key for key in MOMENT_KEYS if "pending_" + key in stack.states[0]]
-            stack.moments = {key: [s["pending_" + key] for s in stack.states] for key in held} or None
-        if pending["skip"]:
-            self._skip(pending["step"], pending["own_nonfinite"])
-            for stack in stacks:
-                stack.discard()
-        else:
-            for stack in stacks:
-                with record_function("FlexDeMo::apply"):
-                    stack.commit(spent=self._replicator.spends_momentum)
-                    stack.apply(stack_rows(stack.states, "pending_update"), stack.lr, self._workspace)
-        self._drop_pending(stacks)
-
-    @staticmethod
-    def _drop_pending(stacks: list[Stack]) -> None:
-        """Forget the held exchange's per-parameter state once it is applied or skipped."""
-        for state in (state for stack in stacks for state in stack.states):
-            for key in PENDING_KEYS:
-                state.pop(key, None)
-
-    def _end_step(self, plan: list[Bucket]) -> None:
-        self.steps += 1
-        self._stats.dense_bytes = self._dense_bytes
-        self.comm_stats, self._stats = self._stats.as_dict(), CommStats()
-        for bucket in plan:
-            bucket.launched = False
-            bucket.ready.clear()
-        self._next_launch = 0
-        if self.options["budget_fraction"] is not None:  # this step's waited fraction rides in the next payload
-            now = time.perf_counter()
-            waited = self.replicate.timer.settle()
-            if self._last_step_end is not None:
-                self._timing.fill_(waited / max(now - self._last_step_end, 1e-9))
-            self._last_step_end = now
-
-    def _skip(self, step: int, own_nonfinite: bool) -> None:
-        rank = dist.get_rank() if dist.is_initialized() else 0
-        message = (f"FlexDeMo: non-finite gradient at step {step} (on rank {rank}: "
-                   f"{'non-finite' if own_nonfinite else 'finite'})")
-        if self.options["on_nonfinite"] == "raise":
-            raise FloatingPointError(message + " (on_nonfinite='raise').")
-        warnings.warn(message + "; every rank skips this step (on_nonfinite='skip').", stacklevel=4)
-        self.skipped_steps += 1
+        self.exchange.discard([s for b in self._plan for s in b.stacks])
+        self.mode.adopt(self._plan)
 
     # ---- drift -------------------------------------------------------------------------------
 
@@ -610,37 +389,23 @@ class FlexDeMo(Optimizer):
         every = self.options["drift_check_every"]
         return bool(every) and self.steps % every < self.options["local_steps"]
 
-    def _check_drift(self, only: list[Tensor] | None = None) -> None:
-        """Compare the replicas' parameters: bit for bit (:func:`hf_flexdemo.guards.check_replicas`), or within a bound
-        of the step's size (``on_drift="tolerate"``, :func:`hf_flexdemo.guards.check_within_bound`). With local
-        steps the anchor is what replicas share (the parameters restart from it): it is checked, and the
-        parameters restart from it again, as a resync left it. ``only``: these parameters alone (local steps'
+    def check_drift(self, only: list[Tensor] | None = None) -> None:
+        """Compare the replicas' parameters (``on_drift``, :class:`hf_flexdemo.guards.DriftCheck`). With local steps
+        the anchor is what replicas share (the parameters restart from it): it is checked, and the parameters
+        restart from it again, as a resync left it. ``only``: these parameters alone (local steps'
         ``outer_fragments``: the fragment that just landed; the others' replicas differ and keep their values)."""
         params = self._named_params()
         if only is not None:
             wanted = {id(p) for p in only}
             params = [(name, p) for name, p in params if id(p) in wanted]
-        anchored = self._local is not None and all("anchor" in self.state[p] for _, p in params)
+        anchored = self.mode.anchors and all("anchor" in self.state[p] for _, p in params)
         named = [(name, self.state[p]["anchor"] if anchored else local_shard(p)) for name, p in params]
-        if self._drift_policy is None:  # on_drift="auto": exact on one kind of hardware, bounded across kinds
-            self._drift_policy = self.options["on_drift"]
-            if self._drift_policy == "auto":
-                mixed = guards.hardware_differs(self._device, self.replicate, self.shard_group, self._stats)
-                self._drift_policy = "tolerate" if mixed else "raise"
-        if self._drift_policy == "tolerate":
-            self._check_within_bound(named, [p for _, p in params])
-        else:
-            guards.check_replicas(named, self.replicate, self.shard_group, self._drift_policy, self._stats)
-        if anchored:
-            torch._foreach_copy_([local_shard(p) for _, p in params], [anchor for _, anchor in named])
-
-    def _check_within_bound(self, named: list[tuple[str, Tensor]], params: list[Tensor]) -> None:
         # a schedule's peak (torch schedulers keep it as initial_lr): the largest step since the last check
         peak = {id(p): max(g["lr"], g.get("initial_lr", g["lr"])) for g in self.param_groups for p in g["params"]}
-        lrs = [peak[id(p)] for p in params]
-        drift, used = guards.check_within_bound(named, lrs, self.options["drift_tolerance"], self.replicate,
-                                                self.shard_group, self._stats)
-        self.replica_drift = {"replica_drift": drift, "replica_drift_of_bound": used}
+        self.drift.check(named, [peak[id(p)] for _, p in params], on_drift=self.options["on_drift"],
+                         tolerance=self.options["drift_tolerance"], stats=self.exchange.stats)
+        if anchored:
+            torch._foreach_copy_([local_shard(p) for _, p in params], [anchor for _, anchor in named])
 
     def param_names(self) -> list[tuple[str, Tensor]]:
         """Every parameter with its name (``param_names`` of a group if given, else its position), in
@@ -654,56 +419,3 @@ class FlexDeMo(Optimizer):
     def _named_params(self) -> list[tuple[str, Tensor]]:
         """The trainable parameters with their names (:meth:`param_names`)."""
         return [(n, p) for n, p in self.param_names() if p.requires_grad]
-
-
-class _InFlight:
-    """The exchanges of the step in flight: each compressed and started with :meth:`launch` (one collective per
-    call: the whole step, or a bucket during backward), then waited for and decided together by :meth:`resolve`."""
-
-    def __init__(self, replicator: ReplicatorBase, workspace: Workspace, device: torch.device) -> None:
-        self.replicator, self.workspace, self.device = replicator, workspace, device
-        self.exchanges: list[Exchange] = []
-        self.flags: list[Tensor] = []  # this rank's own non-finite flags
-        self.step = 0  # the optimizer step that launched the exchanges in flight
-
-    def launch(self, stacks: list[Stack], *, kept: Callable[[Stack], int], step: int, timing: list[Tensor],
-               stats: CommStats, momentum: Callable[[Stack], Tensor] = Stack.new_momentum) -> None:
-        """The new ``momentum`` and payload of every stack, then their collective, the non-finite flag (and a time
-        budget's ``timing``) riding in it. Non-finite values are zeroed before they are encoded."""
-        replicator, payloads, self.step = self.replicator, [], step
-        with record_function("FlexDeMo::compress"):
-            for stack in stacks:
-                stack.momentum, stack.lr = momentum(stack), stack.group["lr"]
-                payloads.append(replicator.select(stack, k=kept(stack), step=step, workspace=self.workspace))
-            flag = guards.nonfinite(payloads, self.device)
-            for values in payloads:
-                torch.nan_to_num_(values, nan=0.0, posinf=0.0, neginf=0.0)
-            for stack in stacks:
-                replicator.encode(stack, feedback=stack.group["compression_feedback"], workspace=self.workspace)
-        with record_function("FlexDeMo::exchange"):
-            self.exchanges.append(replicator.start(stacks, [flag.reshape(1), *timing], stats))
-        self.flags.append(flag)
-
-    def resolve(self, shard_group: dist.ProcessGroup | None, stats: CommStats
-                ) -> tuple[list[Stack], list[Any], bool, bool, float | None]:
-        """Wait for every exchange: the stacks, their received payloads, and the step's one host sync: skip or
-        not, the same on every rank (the flag OR-ed over the replicate group by the payloads, over the node by
-        one all-reduce); on the skip path only, whether this rank's own gradient was the non-finite one; and
-        with a time budget, the agreed waited fraction."""
-        stacks, received, flags, timings = [], [], [], []
-        for exchange in self.exchanges:
-            stacks += exchange.stacks
-            got, trailer = self.replicator.finish(exchange)
-            received += got
-            flags.append((trailer[0] > 0).any())
-            if len(trailer) > 1:
-                timings.append(trailer[1].float().mean())
-        verdict = torch.stack(flags).any().to(torch.float32).reshape(1)
-        if timings:
-            verdict = torch.cat([verdict, timings[0].reshape(1)])
-        with record_function("FlexDeMo::exchange"):
-            verdict = guards.max_in_group(verdict, shard_group, stats)
-        skip, measured = verdict.tolist() if timings else (verdict.item(), None)
-        own_nonfinite = bool(torch.stack(self.flags).any()) if skip > 0 else False  # a second sync, skip path only
-        self.exchanges, self.flags = [], []
-        return stacks, received, skip > 0, own_nonfinite, measured

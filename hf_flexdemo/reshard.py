@@ -30,8 +30,8 @@ import torch
 from torch import Tensor
 
 from .config import RESUME_POLICIES, ResumePolicy
+from .exchange import MOMENT_KEYS
 from .local_steps import LOCAL_KEY
-from .optimizer import MOMENT_KEYS
 
 # Keys that differ between nodes in every mode (the step-wise delayed exchange's candidates are refused before
 # they get here).

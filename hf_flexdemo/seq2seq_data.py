@@ -2,7 +2,8 @@
 
 ``DataTrainingArguments`` (``HfArgumentParser`` fields) name the source, the first that applies:
 
-* ``preset``: a data set of the FlexDeMo paper on the Hub (``PRESETS``; fields the user sets win);
+* ``data_preset``: a data set of the FlexDeMo paper on the Hub (``PRESETS``; fields the user sets win). Not to be
+  confused with ``FlexDeMoConfig.flexdemo_preset``, a set of optimizer knob values (``hf_flexdemo.knobs.PRESETS``);
 * ``dataset_name`` [``dataset_config_name``]: any Hub data set;
 * ``train_file`` / ``validation_file`` / ``test_file``: local files -- JSON lines in the HF convention
   (``{"translation": {"en": ..., "fr": ...}}``, or flat columns named by the language codes), ``.json``,
@@ -28,6 +29,7 @@ from datasets import Dataset, DatasetDict, load_dataset
 from datasets.exceptions import DatasetGenerationError
 from transformers import PreTrainedTokenizerBase, Seq2SeqTrainingArguments
 
+from . import knobs
 from .number_words import number_words_dataset
 
 logger = logging.getLogger(__name__)
@@ -67,6 +69,25 @@ PRESETS = {
         text_column="text", summary_column="title",
     ),
 }
+
+
+def check_data_preset(name: str, task: str | None = None) -> None:
+    """Refuse a ``data_preset`` that is not one of ``PRESETS`` (of ``task``'s, when given), naming the fix; a knob
+    preset's name (``flexdemo-paper``) points to ``--flexdemo_preset``, where it belongs."""
+    accepted = [key for key, preset in PRESETS.items() if task is None or preset.task == task]
+    if name in accepted:
+        return
+    what = f"{' | '.join(accepted)} (the FlexDeMo paper's {task + ' ' if task else ''}data sets)"
+    if name in knobs.PRESETS:
+        raise ValueError(f"invalid data_preset={name!r}; accepted: {what}. {name!r} is a set of FlexDeMo knob values, "
+                         f"not a data set: pass --flexdemo_preset {name}")
+    if name in PRESETS:  # another task's
+        raise ValueError(f"invalid data_preset={name!r}: it is a {PRESETS[name].task} data set and this recipe does "
+                         f"{task}; accepted: {what}, or recipes/t5_{PRESETS[name].task}.py for {name!r}")
+    raise ValueError(f"invalid data_preset={name!r}; accepted: {what} (a set of FlexDeMo knob values is "
+                     "--flexdemo_preset)")
+
+
 # Values of the fields a preset may set when the preset leaves them open (or there is no preset).
 _DATA_DEFAULTS = {
     "source_lang": "en",
@@ -84,8 +105,10 @@ _DATA_DEFAULTS = {
 class DataTrainingArguments:
     """Which data to train and evaluate on, and how it becomes model inputs."""
 
-    preset: str | None = field(
-        default=None, metadata={"help": f"The FlexDeMo paper's data: {' | '.join(PRESETS)}."}
+    data_preset: str | None = field(
+        default=None,
+        metadata={"help": f"A data set of the FlexDeMo paper: {' | '.join(PRESETS)} (a set of FlexDeMo knob values "
+                          "is --flexdemo_preset)."},
     )
     dataset_name: str | None = field(default=None, metadata={"help": "Data set on the Hub."})
     dataset_config_name: str | None = field(default=None, metadata={"help": "Configuration of the Hub data set."})
@@ -137,10 +160,9 @@ class DataTrainingArguments:
     print_examples: int = field(default=3, metadata={"help": "Generations printed at the end of the run."})
 
     def __post_init__(self) -> None:
-        if self.preset is not None:
-            if self.preset not in PRESETS:
-                raise ValueError(f"preset must be one of {' | '.join(PRESETS)}, got {self.preset!r}")
-            preset = PRESETS[self.preset]
+        if self.data_preset is not None:
+            check_data_preset(self.data_preset)
+            preset = PRESETS[self.data_preset]
             for name in ("dataset_name", "dataset_config_name", *_DATA_DEFAULTS):
                 if getattr(self, name) is None:
                     setattr(self, name, getattr(preset, name))
@@ -148,7 +170,8 @@ class DataTrainingArguments:
             if getattr(self, name) is None:
                 setattr(self, name, value)
         if self.dataset_name and (self.train_file or self.validation_file or self.test_file):
-            raise ValueError("pass either dataset_name (or preset) or train_file/validation_file/test_file, not both")
+            raise ValueError("pass either dataset_name (or data_preset) or train_file/validation_file/test_file, "
+                             "not both")
         if self.source_lang == self.target_lang:
             raise ValueError(f"source_lang and target_lang must differ, both are {self.source_lang!r}")
         if not 1 <= self.validation_split_percentage <= 99:
@@ -250,7 +273,7 @@ def load_raw_datasets(
     if data_args.uses_number_words:
         if task != "translation":
             raise ValueError(
-                "summarization needs data: pass --preset wikihow, --dataset_name or --train_file "
+                "summarization needs data: pass --data_preset wikihow, --dataset_name or --train_file "
                 "(the built-in number-words data is a translation task)"
             )
         try:

@@ -7,6 +7,7 @@ Metrics go through ``evaluate``: the Hub's modules when it is reachable, the cop
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import evaluate
@@ -17,6 +18,10 @@ from transformers import EvalPrediction, PreTrainedTokenizerBase
 logger = logging.getLogger(__name__)
 
 METRICS_DIR = Path(__file__).resolve().parent / "metric_scripts"
+# Set once a Hub lookup failed: the process's later metrics go to the offline copies without another try. The
+# fallback is worth one warning per job, not one per metric and rank: the scores then come from the copies shipped
+# with the package rather than the Hub's current modules, which a reader of the scores should know.
+_hub_unreachable = False
 
 
 def decode_texts(tokenizer: PreTrainedTokenizerBase, ids: np.ndarray) -> list[str]:
@@ -26,14 +31,19 @@ def decode_texts(tokenizer: PreTrainedTokenizerBase, ids: np.ndarray) -> list[st
 
 
 def load_metric(name: str) -> evaluate.EvaluationModule:
-    """``evaluate.load(name)`` from the Hub, or the offline copy in ``metric_scripts/`` when the Hub is out of reach."""
+    """``evaluate.load(name)`` from the Hub, or the offline copy in ``metric_scripts/`` when the Hub is out of reach
+    (offline mode, or a lookup of this process failed: one warning, from rank 0)."""
+    global _hub_unreachable
     local = str(METRICS_DIR / name)
-    if huggingface_hub.constants.HF_HUB_OFFLINE or evaluate.config.HF_EVALUATE_OFFLINE:
+    if huggingface_hub.constants.HF_HUB_OFFLINE or evaluate.config.HF_EVALUATE_OFFLINE or _hub_unreachable:
         return evaluate.load(local, keep_in_memory=True)
     try:
         return evaluate.load(name, keep_in_memory=True)
     except OSError as err:  # evaluate raises FileNotFoundError (an OSError) when the Hub cannot be reached
-        logger.warning("evaluate.load(%r) failed (%s); using the offline copy %s", name, err, local)
+        _hub_unreachable = True
+        if int(os.environ.get("RANK", "0") or 0) == 0:  # every rank falls back alike: rank 0 says it for the job
+            logger.warning("evaluate.load(%r) could not reach the Hub (%s); the metrics come from the offline copies "
+                           "in %s (HF_HUB_OFFLINE=1 goes there directly)", name, err, METRICS_DIR)
         return evaluate.load(local, keep_in_memory=True)
 
 

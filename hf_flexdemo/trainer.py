@@ -12,7 +12,7 @@ What it changes in ``Trainer``, and why:
   resume on another topology under ``FlexDeMoConfig.resume_policy`` (:mod:`hf_flexdemo.reshard`), the model's
   weights included across the FSDP2 / plain-replica boundary (one process per node);
 * logs: ``flexdemo/*`` traffic metrics (:mod:`hf_flexdemo.comm_metrics`), the replicas' measured drift
-  (the bounded drift check); the model card.
+  (the bounded drift check); the model card (:mod:`hf_flexdemo.model_card`).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import dataclasses
 import difflib
 import inspect
 import os
+import warnings
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -44,17 +44,24 @@ from transformers.training_args import OptimizerNames
 from transformers.utils import SAFE_WEIGHTS_NAME
 from transformers.utils import logging as hf_logging
 
-from . import checkpoint
+from . import checkpoint, model_card
 from .comm_metrics import CommMetricsCallback, unwrap_optimizer
 from .config import FlexDeMoConfig
 from .cpu_fsdp import enable_fsdp_on_cpu
 from .mesh import group_timeout, init_process_group, launcher_shard_size, shard_model
+from .model_card import training_mode
 from .optimizer import FlexDeMo
 from .topology import Topology, parallelism_config
 
 # Trainer's own logger: the setup line obeys TrainingArguments.log_level / log_level_replica (and transformers'
 # set_verbosity_*) exactly as Trainer's "***** Running training *****" summary does.
 logger = hf_logging.get_logger("transformers.trainer")
+
+# FSDP2 warns when a sharded module returns a view that requires grad (an in-place op on it would drop the
+# pre-backward hook). T5's is block 0's relative position bias, which the later blocks only add out of place:
+# gradients match the unsharded model's (tests/test_fsdp_t5_views.py).
+T5_VIEW_WARNING = r"FSDP2-wrapped module \(FSDPT5Block\) returned a view tensor"
+T5_VIEW_WARNING_MODULE = r"torch\.distributed\.fsdp\."
 
 # Set by `accelerate launch` from a YAML; the trainer passes its own plugin and parallelism config.
 _LAUNCHER_ENV = ("ACCELERATE_USE_FSDP", "ACCELERATE_USE_PARALLELISM_CONFIG")
@@ -69,28 +76,16 @@ def _without_env(names: tuple[str, ...]) -> Iterator[None]:
         os.environ.update(saved)
 
 
+def ignore_t5_view_warning() -> None:
+    """Silence FSDP2's view-output warning for T5 blocks only (:data:`T5_VIEW_WARNING`: harmless there)."""
+    warnings.filterwarnings("ignore", message=T5_VIEW_WARNING, category=UserWarning, module=T5_VIEW_WARNING_MODULE)
+
+
 def _local_gradients(state, bucket):  # DDP rejects string annotations (postponed evaluation) on hooks
     """DDP communication hook that keeps each rank's own gradient: FlexDeMo does the exchange."""
     future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     future.set_result(bucket.buffer())
     return future
-
-
-def training_mode(config: FlexDeMoConfig) -> str:
-    """How the nodes exchanged, in words, for the model card."""
-    if config.method != "flexdemo":
-        return config.method
-    if config.local_steps == 1:
-        return "compressed momentum exchange every step"
-    outer = (f"Nesterov outer momentum {config.outer_momentum:g}" if config.outer_momentum
-             else "plain averaging with error feedback")
-    fragments = (f", in {config.outer_fragments} fragments whose rounds are staggered by "
-                 f"{config.local_steps // config.outer_fragments} step(s)" if config.outer_fragments > 1 else "")
-    streaming = (f", streamed: it lands {config.outer_delay} inner step(s) after it starts{fragments}"
-                 if config.overlap == "delayed" else "")
-    selected = "DCT coefficients" if config.compression_transform == "dct" else "values"
-    return (f"local steps: {config.local_steps} AdamW steps per node, then a compressed pseudo-gradient "
-            f"exchange (top-k of its {selected}, {outer}, outer lr {config.outer_lr:g}{streaming})")
 
 
 def as_config(config: FlexDeMoConfig | Mapping[str, Any] | None) -> FlexDeMoConfig:
@@ -252,6 +247,7 @@ class FlexDeMoTrainer(Trainer):
         if self.accelerator.mixed_precision == "bf16":
             policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
                                           reduce_dtype=torch.bfloat16 if bf16_reduce else torch.float32)
+        ignore_t5_view_warning()
         shard_model(self.model, self.accelerator.torch_device_mesh, hsdp=self.flexdemo_config.method == "adamw",
                     mp_policy=policy)
         self.model._is_fsdp_managed_module = True  # Transformers' FSDP2 flag: generate() keeps ranks in step
@@ -494,52 +490,23 @@ class FlexDeMoTrainer(Trainer):
 
     # ---- model card --------------------------------------------------------------------------
 
-    def create_model_card(self, *args: Any, **kwargs: Any) -> None:
-        tags = kwargs.get("tags") or []
-        kwargs["tags"] = [*([tags] if isinstance(tags, str) else tags), "flexdemo"]
-        super().create_model_card(*args, **kwargs)
-        if self.is_world_process_zero():
-            path = Path(self.args.output_dir, "README.md")
-            if self.flexdemo_config.method != "adamw":  # Trainer names args.optim, which FlexDeMo replaces
-                lines = path.read_text().split("\n")
-                lines = [f"- optimizer: FlexDeMo with betas=({self.args.adam_beta1},{self.args.adam_beta2}) and "
-                         f"epsilon={self.args.adam_epsilon}; its knobs under \"FlexDeMo training\" below"
-                         if line.startswith("- optimizer: ") else line for line in lines]
-                path.write_text("\n".join(lines))
-            with open(path, "a") as card:
-                card.write(self._model_card_section())
-
-    def _model_card_section(self) -> str:
-        config = asdict(self.flexdemo_config)
-        method = self.flexdemo_config.method
-        how = {"flexdemo": "FSDP2 inside each node, a compressed top-k exchange between nodes (the mode below)",
-               "demo": "its DeMo baseline: no sharding, every rank a replica, DeMo's compressed exchange across all "
-                       "of them",
-               "adamw": "its AdamW baseline: FSDP2 HSDP, sharded inside each node, a dense gradient all-reduce "
-                        "between nodes (torch AdamW; FlexDeMo's knobs do not apply)"}[method]
-        lines = ["", "## FlexDeMo training", "",
-                 f"Trained with [hf_flexdemo](https://arxiv.org/abs/2502.06728): {how}.", "",
-                 f"- topology: {self.topology.replicate_size} node(s) x {self.topology.shard_size} process(es)",
-                 f"- mode: {training_mode(self.flexdemo_config)}"]
-        if (optimizer := self.flexdemo_optimizer) is not None and self.topology.replicate_size == 1:
-            lines.append("- one node: nothing crossed nodes, so nothing was compressed: " + (
-                "the optimizer ran as torch's AdamW" if optimizer.adamw_only else "the compressed exchange was "
-                "emulated (replicator='none')" if optimizer.options["replicator"] == "none" else "the exchange ran as "
-                "its dense limit"))
-        if method == "adamw":
-            config = {key: value for key, value in config.items() if key not in self.flexdemo_config.optimizer_kwargs()
-                      and key != "flexdemo_preset"}
-        lines += [f"- {key}: {value}" for key, value in config.items()]
-        if self.flexdemo_optimizer is not None and self.comm_metrics.total_bytes_sent:
-            lines.append(f"- inter-node bytes sent (all ranks, as of the last log): "
-                         f"{self.comm_metrics.total_bytes_sent:.4g}")
-            last = next((e for e in reversed(self.state.log_history) if "flexdemo/compression_ratio" in e), None)
-            if last is not None:
-                lines.append(f"- traffic vs a dense bf16 all-reduce (AdamW-HSDP, reduce_dtype=bfloat16): "
-                             f"1/{last['flexdemo/compression_ratio']:.1f}")
-                lines.append(f"- traffic vs a dense fp32 all-reduce (AdamW-HSDP, FSDP2's default): "
-                             f"1/{last['flexdemo/compression_ratio_fp32']:.1f}")
-        return "\n".join(lines) + "\n"
+    def create_model_card(
+        self,
+        language: str | None = None,
+        license: str | None = None,
+        tags: str | list[str] | None = None,
+        model_name: str | None = None,
+        finetuned_from: str | None = None,
+        tasks: str | list[str] | None = None,
+        dataset_tags: str | list[str] | None = None,
+        dataset: str | list[str] | None = None,
+        dataset_args: str | list[str] | None = None,
+    ) -> None:
+        """As ``Trainer``'s, corrected where Trainer misreads a FlexDeMo run, with a "FlexDeMo training" section: the
+        mode, topology, knobs and traffic (:func:`hf_flexdemo.model_card.write_model_card`)."""
+        model_card.write_model_card(self, language=language, license=license, tags=tags, model_name=model_name,
+                                    finetuned_from=finetuned_from, tasks=tasks, dataset_tags=dataset_tags,
+                                    dataset=dataset, dataset_args=dataset_args)
 
 
 class FlexDeMoSeq2SeqTrainer(FlexDeMoTrainer, Seq2SeqTrainer):

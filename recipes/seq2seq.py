@@ -11,6 +11,9 @@ visibly learns in minutes on a CPU.
 ``--do_predict`` needs a test split (``--test_file``, or the Hub data set's ``test``) and writes
 ``predict_results.json`` and ``generated_predictions.txt``. Every run ends with a model card
 (``README.md`` in ``--output_dir``) that records the FlexDeMo setup, and a summary of the run.
+
+Run as a script (``cli``), bad input (a flag, a file, a data set the checks refuse) ends the job with one
+``error: <message>`` line; ``HF_FLEXDEMO_TRACEBACK=1`` shows the traceback instead.
 """
 
 import itertools
@@ -33,13 +36,14 @@ from transformers import (
     set_seed,
 )
 
-from hf_flexdemo import FlexDeMoConfig, FlexDeMoSeq2SeqTrainer
-from hf_flexdemo.arguments import ConfigArgumentParser, from_values
+from hf_flexdemo import FlexDeMoConfig, FlexDeMoSeq2SeqTrainer, knobs
+from hf_flexdemo.arguments import ConfigArgumentParser, bad_input_exits, from_values
 from hf_flexdemo.knobs import DEFAULT_RATE
 from hf_flexdemo.seq2seq_data import (
     PRESETS,
     TASKS,
     DataTrainingArguments,
+    check_data_preset,
     load_raw_datasets,
     prepare_splits,
     source_and_target_texts,
@@ -63,6 +67,13 @@ NUMBER_WORDS_JOB = {
     "save_strategy": "no",
 }
 PHASES = ("do_train", "do_eval", "do_predict")
+ARGUMENT_TYPES = (ModelArguments, DataTrainingArguments, Seq2SeqTrainingArguments, FlexDeMoConfig)
+GROUP_TITLES = {  # the headings of --help
+    ModelArguments: "Model (ModelArguments)",
+    DataTrainingArguments: "Data (DataTrainingArguments)",
+    Seq2SeqTrainingArguments: "Training (transformers' Seq2SeqTrainingArguments)",
+    FlexDeMoConfig: "FlexDeMo (FlexDeMoConfig: the method and the optimizer's knobs, docs/configuration.md)",
+}
 
 
 def recipe_defaults(task: str, given: dict[str, Any]) -> dict[str, Any]:
@@ -94,8 +105,12 @@ def recipe_defaults(task: str, given: dict[str, Any]) -> dict[str, Any]:
 def parse_arguments(
     task: str, argv: list[str]
 ) -> tuple[ModelArguments, DataTrainingArguments, Seq2SeqTrainingArguments, FlexDeMoConfig]:
-    """The four argument dataclasses: the recipe's defaults, overridden by ``--config``, overridden by flags."""
-    parser = ConfigArgumentParser((ModelArguments, DataTrainingArguments, Seq2SeqTrainingArguments, FlexDeMoConfig))
+    """The four argument dataclasses: the recipe's defaults, overridden by ``--config``, overridden by flags.
+
+    A bad flag or value raises (``argparse.ArgumentError``, ``ValueError``) rather than exiting: ``cli`` reports it.
+    """
+    _refuse_preset_flag(argv)
+    parser = ConfigArgumentParser(ARGUMENT_TYPES, group_titles=GROUP_TITLES, exit_on_error=False)
     model_args, data_args, training_args, flexdemo_config = parser.parse_args_and_config(
         argv, defaults=lambda given: recipe_defaults(task, given)
     )
@@ -104,6 +119,14 @@ def parse_arguments(
     if training_args.generation_max_length is None:
         training_args.generation_max_length = data_args.max_target_length
     return model_args, data_args, training_args, flexdemo_config
+
+
+def _refuse_preset_flag(argv: list[str]) -> None:
+    """``--preset`` could mean either of two flags: say which is which."""
+    if any(arg == "--preset" or arg.startswith("--preset=") for arg in argv):
+        raise ValueError("unrecognized argument --preset; accepted: --data_preset for a data set of the FlexDeMo "
+                         f"paper ({' | '.join(PRESETS)}), or --flexdemo_preset for a set of FlexDeMo knob values "
+                         f"({' | '.join(knobs.PRESETS)})")
 
 
 def setup_logging(training_args: Seq2SeqTrainingArguments) -> None:
@@ -122,17 +145,16 @@ def load_data(
     task: str, data_args: DataTrainingArguments, cache_dir: str | None, training_args: Seq2SeqTrainingArguments
 ) -> tuple[DatasetDict, str]:
     """The splits the run's phases need (checked before any model is built) and a one-line description."""
-    preset = PRESETS.get(data_args.preset)
-    if preset and preset.task != task:
-        raise ValueError(f"preset {data_args.preset!r} is a {preset.task} data set; this recipe does {task}")
+    if data_args.data_preset is not None:
+        check_data_preset(data_args.data_preset, task)
     seed = training_args.data_seed if training_args.data_seed is not None else training_args.seed
     with training_args.main_process_first(desc="loading data"):
         raw, description = load_raw_datasets(task, data_args, cache_dir, seed, training_args.do_predict)
         splits = prepare_splits(raw, data_args, seed)
     if training_args.do_train and "train" not in splits:
-        raise ValueError("do_train needs training data: pass --train_file, --dataset_name or --preset")
+        raise ValueError("do_train needs training data: pass --train_file, --dataset_name or --data_preset")
     if training_args.do_eval and "validation" not in splits:
-        raise ValueError("do_eval needs validation data: pass --validation_file, --dataset_name or --preset")
+        raise ValueError("do_eval needs validation data: pass --validation_file, --dataset_name or --data_preset")
     if training_args.do_predict and "test" not in splits:
         raise ValueError("do_predict needs test data: pass --test_file, or a --dataset_name with a 'test' split "
                          "(the built-in number-words data and the presets have none)")
@@ -173,9 +195,14 @@ def write_predictions(
     return metrics
 
 
-def model_card_kwargs(task: str, model_args: ModelArguments, data_args: DataTrainingArguments) -> dict[str, Any]:
-    """What the model card records about the run, as the Hugging Face examples fill it."""
+def model_card_kwargs(
+    task: str, model_args: ModelArguments, data_args: DataTrainingArguments, data_description: str | None = None
+) -> dict[str, Any]:
+    """What the model card records about the run, as the Hugging Face examples fill it; the data set is named by
+    ``data_description`` (``load_data``'s) where it is not on the Hub."""
     kwargs: dict[str, Any] = {"finetuned_from": model_args.model_name_or_path, "tasks": task}
+    if data_description and not data_args.dataset_name:
+        kwargs["dataset"] = data_description
     if data_args.dataset_name:
         kwargs["dataset_tags"] = data_args.dataset_name
         kwargs["dataset"] = data_args.dataset_name
@@ -266,10 +293,14 @@ def describe_model(model_args: ModelArguments, model: PreTrainedModel, tokenizer
 
 
 def save_model_card(
-    trainer: FlexDeMoSeq2SeqTrainer, task: str, model_args: ModelArguments, data_args: DataTrainingArguments
+    trainer: FlexDeMoSeq2SeqTrainer,
+    task: str,
+    model_args: ModelArguments,
+    data_args: DataTrainingArguments,
+    data_description: str | None = None,
 ) -> None:
     """Write the model card (with ``--push_to_hub``, push it with the model)."""
-    card = model_card_kwargs(task, model_args, data_args)
+    card = model_card_kwargs(task, model_args, data_args, data_description)
     if trainer.args.push_to_hub:
         trainer.push_to_hub(**card)
     else:
@@ -308,7 +339,7 @@ def main(task: str) -> None:
     predict_metrics: dict[str, float] = {}
     if training_args.do_predict:
         predict_metrics = write_predictions(trainer, tokenized["test"], tokenizer, training_args)
-    save_model_card(trainer, task, model_args, data_args)
+    save_model_card(trainer, task, model_args, data_args, data_description)
 
     main_process = trainer.is_world_process_zero()
     trainer.accelerator.end_training()  # destroys the process group: exiting with it alive can abort a rank
@@ -322,3 +353,10 @@ def main(task: str) -> None:
             flexdemo_config, train_metrics, eval_metrics, trainer.state, len(tokenizer), predict_metrics,
         )
     )
+
+
+def cli(task: str) -> None:
+    """``main`` as a command: bad input ends the job with one ``error: <message>`` line (rank 0's) and a non-zero exit
+    on every rank (:func:`hf_flexdemo.arguments.bad_input_exits`; ``HF_FLEXDEMO_TRACEBACK=1``: the traceback)."""
+    with bad_input_exits():
+        main(task)

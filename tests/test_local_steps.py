@@ -291,9 +291,9 @@ def test_partition_puts_the_largest_first_into_the_least_loaded_fragment():
     opt = FlexDeMo(model.parameters(), lr=1e-2, local_steps=4, outer_fragments=2, replicator="none")
     train(model, opt, 1)
     index = {id(p): i for i, p in enumerate(model.parameters())}
-    fragments = [[index[id(p)] for p in members] for members in opt._local.members]
+    fragments = [[index[id(p)] for p in members] for members in opt.mode.members]
     assert fragments == [[0], [1, 2, 3]]
-    stacks = [stack for bucket in opt._plan for stack in bucket.stacks]
+    stacks = [stack for bucket in opt.exchange_plan() for stack in bucket.stacks]
     assert sorted(index[id(p)] for s in stacks for p in s.params) == [0, 1, 2, 3]
     for stack in stacks:  # a stack is exchanged with its fragment: all its parameters are of that one
         assert all(index[id(p)] in fragments[stack.fragment] for p in stack.params)
@@ -313,7 +313,7 @@ def _fragments_run(lrs: list[float], **knobs) -> dict[str, tuple[list[float], li
             assert bool((p == p[0]).all())
             seen[name][0].append(p[0].item())
             seen[name][1].append(opt.state[p]["anchor"][0].item())
-    assert [[p.shape[0] for p in members] for members in opt._local.members] == [[4], [2]]
+    assert [[p.shape[0] for p in members] for members in opt.mode.members] == [[4], [2]]
     return seen
 
 

@@ -95,21 +95,23 @@ def test_state_is_lazy_and_per_parameter():
     assert all(isinstance(k, torch.Tensor) for k in opt.state)  # only parameters key the state
 
 
-def test_state_dict_from_before_the_consensus_knob_loads_with_demos_decode():
+@pytest.mark.parametrize("strip", ["options", "flexdemo", "one option"])
+def test_a_state_dict_without_the_saved_options_is_refused_and_nothing_is_loaded(strip):
     model = nn.Linear(8, 4)
-    opt = step_wise(model.parameters(), lr=0.1, consensus="replicas")
+    opt = step_wise(model.parameters(), lr=0.1)
     model(torch.randn(3, 8)).sum().backward()
     opt.step()
     saved = opt.state_dict()
-    options = saved["flexdemo"].pop("options")  # the layout before FlexDeMo.options: knobs in every param group
-    for group in saved["param_groups"]:
-        group.update(options, drift_check_every=7)
-        del group["consensus"]
-    fresh = step_wise(model.parameters(), lr=0.1, consensus="replicas")
-    fresh.load_state_dict(saved)
-    assert fresh.options["consensus"] == "choosers" and fresh.options["drift_check_every"] == 7
-    assert not set(fresh.param_groups[0]) & set(options)  # moved out of the groups
-    fresh.step()
+    if strip == "flexdemo":
+        del saved["flexdemo"]
+    elif strip == "options":
+        del saved["flexdemo"]["options"]
+    else:
+        del saved["flexdemo"]["options"]["consensus"]
+    fresh = step_wise(model.parameters(), lr=0.2)
+    with pytest.raises(ValueError, match=r"lacks the options \[.*'consensus'.*not saved by this version"):
+        fresh.load_state_dict(saved)
+    assert fresh.param_groups[0]["lr"] == 0.2 and not fresh.state and fresh.steps == 0
 
 
 def test_bf16_parameters_keep_fp32_momentum_through_state_dict():

@@ -4,6 +4,7 @@ The data, model and metrics code is the package's (``hf_flexdemo.seq2seq_*``); t
 the summary are the recipe script's, loaded from ``recipes/seq2seq.py``.
 """
 
+import argparse
 import csv
 import gzip
 import importlib.util
@@ -180,21 +181,23 @@ def test_bad_config_files_are_refused(tmp_path: Path, content: str, message: str
 
 
 def test_preset_fills_only_what_the_user_left_open() -> None:
-    _, data_args, _, _ = parse("translation", "--preset", "opus_books_en_fr", "--max_source_length", "64")
+    _, data_args, _, _ = parse("translation", "--data_preset", "opus_books_en_fr", "--max_source_length", "64")
     assert (data_args.dataset_name, data_args.dataset_config_name) == ("Helsinki-NLP/opus_books", "en-fr")
     assert data_args.source_prefix == "translate English to French: "
     assert (data_args.max_source_length, data_args.max_target_length) == (64, 512)
     assert data_args.validation_split_percentage == 20
-    _, data_args, _, _ = parse("summarization", "--preset", "wikihow", "--source_prefix", "")
+    _, data_args, _, _ = parse("summarization", "--data_preset", "wikihow", "--source_prefix", "")
     assert (data_args.text_column, data_args.summary_column, data_args.source_prefix) == ("text", "title", "")
 
 
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--preset", "opus_books"], "preset must be one of opus_books_en_fr | wikihow"),
+        (["--data_preset", "opus_books"], r"invalid data_preset='opus_books'; accepted: opus_books_en_fr \| wikihow "
+                                          r"\(the FlexDeMo paper's data sets\) \(a set of FlexDeMo knob values is "
+                                          r"--flexdemo_preset\)"),
         (["--dataset_name", "x", "--train_file", "y"], "not both"),
-        (["--preset", "wikihow", "--train_file", "y"], "not both"),
+        (["--data_preset", "wikihow", "--train_file", "y"], "not both"),
         (["--source_lang", "fr"], "must differ"),
         (["--validation_split_percentage", "0"], "validation_split_percentage must be in"),
         (["--max_target_length", "0"], "max_target_length must be >= 1"),
@@ -209,11 +212,37 @@ def test_bad_arguments_are_refused_at_parse_time(argv: list[str], message: str) 
 
 @pytest.mark.parametrize(("flag", "value"), [("--method", "sgd"), ("--replicator", "powersgd"), ("--update", "lion"),
                                              ("--momentum", "nesterov"), ("--on_drift", "ignore")])
-def test_typed_choices_are_refused_by_argparse_with_the_choices(flag, value, capsys) -> None:
-    with pytest.raises(SystemExit):
+def test_typed_choices_are_refused_by_argparse_with_the_choices(flag, value) -> None:
+    """As an exception (the recipe reports it once per job), not argparse's usage message and exit on every rank."""
+    with pytest.raises(argparse.ArgumentError) as refused:
         parse("translation", flag, value)
-    error = capsys.readouterr().err
-    assert f"argument {flag}" in error and f"invalid choice: '{value}' (choose from" in error
+    assert f"argument {flag}" in str(refused.value) and f"invalid choice: '{value}' (choose from" in str(refused.value)
+
+
+@pytest.mark.parametrize("preset", ["step-wise", "flexdemo-paper", "demo-paper", "default"])
+def test_a_knob_preset_given_as_the_data_preset_points_to_flexdemo_preset(preset: str) -> None:
+    message = (rf"invalid data_preset='{preset}'; accepted: opus_books_en_fr \| wikihow \(the FlexDeMo paper's data "
+               rf"sets\)\. '{preset}' is a set of FlexDeMo knob values, not a data set: pass "
+               rf"--flexdemo_preset {preset}$")
+    with pytest.raises(ValueError, match=message):
+        parse("translation", "--data_preset", preset)
+    assert parse("translation", "--flexdemo_preset", preset)[3].flexdemo_preset == preset
+
+
+@pytest.mark.parametrize("argv", [["--preset", "wikihow"], ["--preset=flexdemo-paper"]])
+def test_the_ambiguous_preset_flag_names_both_of_its_meanings(argv: list[str]) -> None:
+    with pytest.raises(ValueError, match=r"unrecognized argument --preset; accepted: --data_preset for a data set of "
+                                         r"the FlexDeMo paper \(opus_books_en_fr \| wikihow\), or --flexdemo_preset "
+                                         r"for a set of FlexDeMo knob values \(default \| step-wise \| "
+                                         r"flexdemo-paper \| demo-paper\)"):
+        parse("summarization", *argv)
+
+
+def test_an_unknown_flag_names_its_closest_match() -> None:
+    with pytest.raises(ValueError, match=r"unrecognized argument\(s\) \['--lerning_rate', '1e-3'\] \(did you mean "
+                                         r"'--learning_rate' for '--lerning_rate'\?\); --help lists the accepted "
+                                         r"flags"):
+        parse("translation", "--lerning_rate", "1e-3")
 
 
 def run_main(monkeypatch: pytest.MonkeyPatch, task: str, *argv: str) -> None:
@@ -229,8 +258,10 @@ def test_predict_without_a_test_split_is_refused(monkeypatch: pytest.MonkeyPatch
 
 
 def test_preset_of_the_other_task_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="'wikihow' is a summarization data set"):
-        run_main(monkeypatch, "translation", "--preset", "wikihow", "--output_dir", str(tmp_path))
+    with pytest.raises(ValueError, match=r"invalid data_preset='wikihow': it is a summarization data set and this "
+                                         r"recipe does translation; accepted: opus_books_en_fr \(the FlexDeMo paper's "
+                                         r"translation data sets\), or recipes/t5_summarization.py for 'wikihow'"):
+        run_main(monkeypatch, "translation", "--data_preset", "wikihow", "--output_dir", str(tmp_path))
 
 
 # --- data sources ----------------------------------------------------------------------------------------
@@ -454,10 +485,29 @@ def test_metrics_fall_back_to_the_local_modules_without_network(
     monkeypatch.setattr(socket, "create_connection", refuse)
     monkeypatch.setattr(socket, "getaddrinfo", refuse)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(seq2seq_metrics, "_hub_unreachable", False)
+    monkeypatch.delenv("RANK", raising=False)
     with caplog.at_level("WARNING", logger="hf_flexdemo.seq2seq_metrics"):
         metric = seq2seq_metrics.load_metric("chrf")
-    assert f"using the offline copy {seq2seq_metrics.METRICS_DIR / 'chrf'}" in caplog.text
+        bleu = seq2seq_metrics.load_metric("sacrebleu").compute(predictions=HYPOTHESES,
+                                                                references=[[h] for h in HYPOTHESES])
+        assert bleu["score"] == pytest.approx(100)
+    assert caplog.text.count("could not reach the Hub") == 1  # once, for every metric of the process
+    assert f"the metrics come from the offline copies in {seq2seq_metrics.METRICS_DIR}" in caplog.text
     assert metric.compute(predictions=["un homme"], references=[["un homme"]])["score"] == pytest.approx(100)
+
+
+def test_only_rank_0_says_the_metrics_are_offline(monkeypatch: pytest.MonkeyPatch, caplog) -> None:
+    def refuse(*args, **kwargs):
+        raise OSError("network blocked by the test")
+
+    monkeypatch.setattr(seq2seq_metrics.evaluate, "load", lambda path, **kwargs: refuse() if "/" not in path else path)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(seq2seq_metrics, "_hub_unreachable", False)
+    monkeypatch.setenv("RANK", "3")
+    with caplog.at_level("WARNING", logger="hf_flexdemo.seq2seq_metrics"):
+        assert seq2seq_metrics.load_metric("chrf") == str(seq2seq_metrics.METRICS_DIR / "chrf")
+    assert caplog.text == ""
 
 
 def test_seq2seq_metrics_decode_and_score(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -518,6 +568,7 @@ def test_translation_run_on_builtin_data(monkeypatch: pytest.MonkeyPatch, tmp_pa
     assert json.loads((out / "eval_results.json").read_text())["eval_loss"] > 0
     card = (out / "README.md").read_text()  # written without push_to_hub
     assert "- flexdemo" in card and "## FlexDeMo training" in card and "- method: flexdemo" in card
+    assert "This model was trained from scratch on the English -> French number words (built in) dataset." in card
 
 
 @needs_multi30k

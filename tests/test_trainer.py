@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import types
 
 import pytest
 import torch
@@ -13,6 +12,7 @@ from transformers import TrainingArguments
 
 from hf_flexdemo import FlexDeMo, FlexDeMoConfig, FlexDeMoTrainer, checkpoint
 from hf_flexdemo.comm_metrics import CommMetricsCallback, dense_bf16_bytes
+from hf_flexdemo.model_card import flexdemo_section
 from hf_flexdemo.replicate import dense_allreduce_bytes
 from hf_flexdemo.topology import Topology
 
@@ -166,9 +166,8 @@ def test_compression_ratio_is_against_a_bf16_all_reduce_and_fp32_is_logged_too()
     bf16 = dense_allreduce_bytes(1001, 3, 2) + dense_allreduce_bytes(12345, 7, 2)
     assert logs["flexdemo/compression_ratio"] == bf16 / 200 != sum(steps) / 2 / 200
     assert logs["flexdemo/compression_ratio_fp32"] == sum(steps) / 200
-    fake = types.SimpleNamespace(flexdemo_config=FlexDeMoConfig(), topology=Topology(2, 2), comm_metrics=callback,
-                                 flexdemo_optimizer=optimizer, state=types.SimpleNamespace(log_history=[logs]))
-    card = FlexDeMoTrainer._model_card_section(fake)
+    card = flexdemo_section(FlexDeMoConfig(), Topology(4, 2), optimizer, total_bytes_sent=400, steps=2,
+                            parameters=16, log_history=[logs])
     assert f"vs a dense bf16 all-reduce (AdamW-HSDP, reduce_dtype=bfloat16): 1/{bf16 / 200:.1f}" in card
     assert f"vs a dense fp32 all-reduce (AdamW-HSDP, FSDP2's default): 1/{sum(steps) / 200:.1f}" in card
 

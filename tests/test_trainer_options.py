@@ -171,8 +171,9 @@ def test_the_model_card_names_the_optimizer_and_the_baselines_wire(tmp_path):
                               flexdemo_config=FlexDeMoConfig(method="adamw"))
     trainer.create_model_card(model_name="tiny")
     card = (tmp_path / "adamw" / "README.md").read_text()
-    assert "a dense gradient all-reduce between nodes" in card and "compressed top-k" not in card
-    assert "- value_dtype" not in card and "- reduce_dtype: float32" in card
+    assert "a dense float32 gradient all-reduce between nodes" in card and "compressed" not in card
+    assert "- value_dtype" not in card and "  - reduce_dtype: float32" in card
+    assert "- optimizer: adamw_torch_fused with betas=(0.9,0.999) and epsilon=1e-08\n" in card  # Trainer's, which ran
 
 
 # --- item 7: the loss every model gets ------------------------------------------------------------------------

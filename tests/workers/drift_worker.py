@@ -11,8 +11,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-import sys
-from pathlib import Path
 from unittest import mock
 
 import torch
@@ -21,9 +19,7 @@ from habits_worker import full, main, observed
 from optimizer_worker import mlp, mlp_loss, train_perturbed
 
 from hf_flexdemo import FlexDeMo, build_hybrid_mesh, guards, shard_model
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from replica_drift_worker import unlike_inverse_dct  # noqa: E402
+from hf_flexdemo.launch import unlike_inverse_dct
 
 # FlexDeMo in its step-wise mode (an exchange every step), which these tests pin; a local_steps= argument
 # overrides it.
@@ -91,7 +87,7 @@ def _train(args, unlike_dct: bool, nudge: bool) -> dict:
             if step % EVERY == EVERY - 1:
                 before.append({n: full(p) for n, p in model.named_parameters()})
     return {"error": error, "step": step, "checks": checks, "before_checks": before, "logs": logs, "stats": stats,
-            "policy": opt._drift_policy, "after": {n: full(p) for n, p in model.named_parameters()},
+            "policy": opt.drift.policy, "after": {n: full(p) for n, p in model.named_parameters()},
             "local_numel": sum(p.to_local().numel() for p in model.parameters()),
             "params": len(list(model.parameters()))}
 

@@ -30,7 +30,7 @@ def case_landings(args) -> dict:
                    compression_chunk=8, value_dtype="int2", drift_check_every=0)
     landings: list[dict] = []
 
-    def spy(stacks, *, clean, __restart=opt._local._restart):
+    def spy(stacks, *, clean, __restart=opt.mode._restart):
         __restart(stacks, clean=clean)
         restarted = {names[id(p)] for stack in stacks for p in stack.params}
         landings.append({"done": opt.steps + 1,
@@ -38,12 +38,12 @@ def case_landings(args) -> dict:
                          "others": {n: local(p).detach().clone() for n, p in model.named_parameters()
                                     if n not in restarted}})
 
-    opt._local._restart = spy
+    opt.mode._restart = spy
     stats = []
     for step in range(3 * int(args.local_steps)):
         _train(model, opt, [step])
         stats.append(opt.comm_stats)
-    return finished({"members": [[names[id(p)] for p in members] for members in opt._local.members],
+    return finished({"members": [[names[id(p)] for p in members] for members in opt.mode.members],
                      "numel": {n: p.numel() for n, p in model.named_parameters()},
                      "local_shapes": {n: tuple(local(p).shape) for n, p in model.named_parameters()},
                      "landings": landings, "comm_stats": stats, "replicas": dist.get_world_size(group)},
@@ -61,14 +61,14 @@ def case_resume(args) -> dict:
     straight = FlexDeMo(model.parameters(), replicate_group=group, **kwargs)
     checks: list = []
 
-    def spy(only=None, __check=straight._check_drift):
+    def spy(only=None, __check=straight.check_drift):
         checks.append((straight.steps + 1, None if only is None else sorted(names[id(p)] for p in only)))
         __check(only)
 
-    straight._check_drift = spy
+    straight.check_drift = spy
     _train(model, straight, range(12))
     expected = {n: full(p) for n, p in model.named_parameters()}
-    members = [sorted(names[id(p)] for p in fragment) for fragment in straight._local.members]
+    members = [sorted(names[id(p)] for p in fragment) for fragment in straight.mode.members]
     straight_checks = list(checks)  # the straight run's: its finish() below checks again
     straight.finish()  # the last step's exchange in flight (see finished())
 

@@ -158,8 +158,8 @@ def case_resume_drift(args) -> dict:
 
     def checked_steps(opt: FlexDeMo) -> list[int]:
         fired: list[int] = []
-        original = opt._check_drift
-        opt._check_drift = lambda: (fired.append(opt.steps), original())[1]
+        original = opt.check_drift
+        opt.check_drift = lambda only=None: (fired.append(opt.steps), original(only))[1]
         return fired
 
     model, group = sharded()

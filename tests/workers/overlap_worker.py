@@ -51,7 +51,7 @@ def run(overlap: str, replicator: str, steps: int = 20, micro: int = 1, **kwargs
                    bucket_cap_mb=SMALL_BUCKETS, **kwargs)
     logs: list = []
     train(model, opt, range(steps), micro=micro, logs=logs)
-    return params(model), logs, len(opt._buckets())
+    return params(model), logs, len(opt.exchange_plan())
 
 
 def case_equal(args) -> dict:
@@ -129,7 +129,7 @@ def case_budget_bytes_local(args) -> dict:
                    compression_chunk=8, drift_check_every=0)  # the exchanges' bytes alone
     logs: list = []
     train(model, opt, range(8), logs=logs)
-    fragments = [[tuple(p.to_local().shape) for p in members] for members in opt._local.members]
+    fragments = [[tuple(p.to_local().shape) for p in members] for members in opt.mode.members]
     formula = {rate: [exchange_bytes("demo", shapes, 2, rate=rate, topk=None, chunk=8, value_dtype="int2")
                       for shapes in fragments] for rate in (opt.rate, min(opt.rate * 1.05, 1.0))}
     return finished({"rate": opt.rate, "local_steps": opt.options["local_steps"],
