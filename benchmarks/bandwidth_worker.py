@@ -30,6 +30,7 @@ from torch import nn
 from transformers import T5Config, T5ForConditionalGeneration
 
 from hf_flexdemo import FlexDeMo, build_hybrid_mesh, shard_model
+from hf_flexdemo.policies import from_knobs
 from hf_flexdemo.replicate import dense_allreduce_bytes
 from hf_flexdemo.tiny_t5 import T5_VOCAB_SIZE, named_t5_config
 
@@ -129,7 +130,7 @@ def setup_flexdemo(model: nn.Module, args: argparse.Namespace, method: str) -> S
         check_node_local(mesh["dp_shard"].get_group())
         shard_model(model, mesh)
         group = None if method == "compute_only" else mesh["dp_replicate"].get_group()
-    optimizer = FlexDeMo(model.parameters(), lr=args.lr, replicate_group=group, **options)
+    optimizer = FlexDeMo(model.parameters(), replicate_group=group, **from_knobs({"lr": args.lr, **options}))
     return Setup(
         model, optimizer, lambda: optimizer.comm_stats["bytes_sent"], "FlexDeMo.comm_stats['bytes_sent']",
         options,

@@ -77,6 +77,7 @@ from transformers import T5ForConditionalGeneration
 
 from hf_flexdemo import FlexDeMo, build_hybrid_mesh, shard_model
 from hf_flexdemo.knobs import DEFAULT_CHUNK, DEFAULT_RATE
+from hf_flexdemo.policies import from_knobs
 from hf_flexdemo.tiny_t5 import T5_VOCAB_SIZE, named_t5_config
 
 HERE = Path(__file__).resolve().parent
@@ -176,7 +177,7 @@ def measure(method: str, args: argparse.Namespace) -> dict[str, Any]:
         group = None if method == "flexdemo_sharded" else dist.group.WORLD
         knobs = {**KNOBS.get(method, {}), **(harness.parse_flexdemo(harness.flexdemo_flags(args.flexdemo))[1]
                                              if method == "flexdemo" else {})}
-        optimizer = FlexDeMo(params, lr=LR, replicate_group=group, preset=PRESETS[method], **knobs)
+        optimizer = FlexDeMo(params, replicate_group=group, preset=PRESETS[method], **from_knobs({"lr": LR, **knobs}))
     # whole rounds: every exchange counted
     rounds = optimizer.options["local_steps"] if method.startswith("flexdemo") else 1
     warmup, steps = (-(-n // rounds) * rounds for n in (args.warmup, args.steps))

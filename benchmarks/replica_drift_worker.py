@@ -28,6 +28,7 @@ from transformers import T5ForConditionalGeneration
 from hf_flexdemo import FlexDeMo
 from hf_flexdemo.knobs import DRIFT_ACTIONS, UPDATES
 from hf_flexdemo.launch import unlike_inverse_dct
+from hf_flexdemo.policies import CompressionPolicy, GuardPolicy, StepRulePolicy
 from hf_flexdemo.tiny_t5 import tiny_t5_config
 
 VOCAB = 32
@@ -62,8 +63,9 @@ def run(update: str, policy: str, args: argparse.Namespace) -> dict[str, Any]:
     torch.manual_seed(0)
     model = T5ForConditionalGeneration(tiny_t5_config(VOCAB, d_model=32, num_layers=2, num_heads=4, d_ff=64))
     every = 0 if policy == "none" else args.drift_check_every
-    opt = FlexDeMo(model.named_parameters(), lr=args.lr, replicate_group=dist.group.WORLD, update=update,
-                   compression_chunk=8, drift_check_every=every, on_drift="raise" if policy == "none" else policy)
+    opt = FlexDeMo(model.named_parameters(), lr=args.lr, replicate_group=dist.group.WORLD, local_steps=1,
+                   step_rule=StepRulePolicy(update=update), compression=CompressionPolicy(chunk=8),
+                   guards=GuardPolicy(drift_check_every=every, on_drift="raise" if policy == "none" else policy))
     rank, trajectory, checks, check_bytes, step_bytes, losses = dist.get_rank(), [], [], 0, 0, []
     record: dict[str, Any] = {"update": update, "policy": policy, "lr": args.lr, "drift_check_every": every,
                               "drift_tolerance": opt.options["drift_tolerance"], "error": None, "stopped_at": None}

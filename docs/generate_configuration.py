@@ -1,5 +1,5 @@
-"""Write docs/configuration.md from the one definition of the knobs: ``hf_flexdemo.knobs`` (DEFAULTS, HELP,
-PER_GROUP, OPTIMIZER_WIDE, PRESETS) and ``FlexDeMoConfig``'s own fields (their types, defaults and help).
+"""Write docs/configuration.md from the one definition of the knobs: ``hf_flexdemo.knobs.KNOBS`` (and the presets),
+the policies built from it, and ``FlexDeMoConfig``'s own fields (their types, defaults and help).
 
     python docs/generate_configuration.py           # rewrite docs/configuration.md
     python docs/generate_configuration.py --check   # exit 1 if it is stale (tests/test_docs.py does the same)
@@ -19,31 +19,32 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
-from hf_flexdemo import knobs
+from hf_flexdemo import knobs, policies
 from hf_flexdemo.config import FlexDeMoConfig
 
 OUT = Path(__file__).resolve().parent / "configuration.md"
 
-# (title, what the group is for, its knobs in order). The few that matter come first; a knob or config field
-# missing here lands in the last group, so a new one is never left out.
+# (title, what the group is for, its knobs in order). The few that matter come first, then the constructor's policies
+# in the table's order (hf_flexdemo.policies); a knob or config field missing here lands in the last group, so a new
+# one is never left out.
+MATTER = ("method", "local_steps", "compression_rate", "flexdemo_preset", "resume_policy")
+POLICY_TITLES = {"outer": "Local steps (the default mode, `local_steps > 1`): `OuterPolicy`",
+                 "compression": "What travels between nodes: `CompressionPolicy`",
+                 "step_rule": "The step-wise mode (`local_steps=1`): `StepRulePolicy`",
+                 "budget": "A byte or time budget instead of a fixed rate: `BudgetPolicy`",
+                 "guards": "Guards: `GuardPolicy`"}
+
+
+def _policy_group(policy: str) -> tuple[str, str, tuple[str, ...]]:
+    doc = " ".join(policies.CLASSES[policy].__doc__.split())
+    return POLICY_TITLES[policy], doc, tuple(k.name for k in knobs.POLICIES[policy] if k.name not in MATTER)
+
+
 GROUPS: list[tuple[str, str, tuple[str, ...]]] = [
     ("The knobs that matter",
-     "Most runs set none of these, or one; README \"The knobs that matter\" says when to touch each.",
-     ("method", "local_steps", "compression_rate", "flexdemo_preset", "resume_policy")),
-    ("Local steps (the default mode, `local_steps > 1`)",
-     "How a round's exchange moves the anchor, and how it is streamed.",
-     ("outer_fragments", "outer_delay", "outer_lr", "outer_momentum")),
-    ("What travels between nodes",
-     "The selection, the wire format and the way the replicas' payloads are combined, in both modes.",
-     ("value_dtype", "compression_transform", "compression_topk", "compression_chunk", "replicator", "consensus",
-      "replicator_seed", "compression_decay", "compression_feedback")),
-    ("The step-wise mode (`local_steps=1`)",
-     "How a gradient enters the compressed momentum, the rule applied to the consensus, and when the exchange runs.",
-     ("momentum", "update", "overlap", "bucket_cap_mb")),
-    ("A byte or time budget instead of a fixed rate", "", ("budget_bytes", "budget_fraction", "budget_min_rate",
-                                                            "budget_max_rate")),
-    ("Guards", "Non-finite gradients and the check that the replicas stay identical.",
-     ("on_nonfinite", "drift_check_every", "on_drift", "drift_tolerance")),
+     "Most runs set none of these, or one; README \"The knobs that matter\" says when to touch each.", MATTER),
+    *(_policy_group(policy) for policy in POLICY_TITLES),
+    ("When the exchange runs", "Keywords of `FlexDeMo` itself, in both modes.", ("overlap", "bucket_cap_mb")),
     ("The trainer's setup", "Fields of `FlexDeMoConfig` that are not optimizer knobs.", ("shard_size", "reduce_dtype")),
     ("From `TrainingArguments`",
      "`FlexDeMoTrainer` passes `TrainingArguments`' values (and their defaults) for these; the defaults below are "
@@ -84,6 +85,14 @@ def _accepted(annotation: Any) -> str:
                                                                                           str(annotation))
 
 
+def _where(name: str) -> str:
+    """How a knob is set in FlexDeMo: a keyword, or a policy's field."""
+    knob = knobs.BY_NAME[name]
+    if knob.policy is None:
+        return f"`FlexDeMo({name}=...)`"
+    return f"`FlexDeMo({knob.policy}={policies.CLASSES[knob.policy].__name__}({knob.field}=...))`"
+
+
 def _entries() -> dict[str, dict[str, str]]:
     """Every knob and every FlexDeMoConfig field: default, accepted values, value in force at the defaults, where
     it is set, and its help text."""
@@ -94,33 +103,28 @@ def _entries() -> dict[str, dict[str, str]]:
         in_force["compression_rate"] = knobs.DEFAULT_RATE
     entries: dict[str, dict[str, str]] = {}
     for name in [*fields, *(key for key in knobs.DEFAULTS if key not in fields)]:
-        if name in knobs.DEFAULTS:
-            default, help_text = knobs.DEFAULTS[name], knobs.HELP[name]
-            kind = "per parameter group" if name in knobs.PER_GROUP else "optimizer-wide"
+        if name in knobs.BY_NAME:
+            knob = knobs.BY_NAME[name]
+            default, help_text = knob.default, knob.help
+            kind = ("per parameter group" if knob.per_group else "optimizer-wide") + (
+                "" if len(knob.modes) > 1 else f" · {'local steps' if knob.modes == ('local',) else 'step-wise'} only")
+            accepted = _accepted(knob.type) if knob.choices or not knob.accepted else knob.accepted
         else:
             field = fields[name]
             default, help_text, kind = field.default, field.metadata.get("help", ""), "trainer setup"
+            accepted = _accepted(hints[name])
         if name in fields:
             where = f"`--{name}`, `FlexDeMoConfig({name}=...)`"
-            if name in knobs.DEFAULTS:
-                where += f", `FlexDeMo({name}=...)`"
-            accepted = _accepted(hints[name])
+            if name in knobs.BY_NAME:
+                where += ", " + _where(name)
         else:
-            where = f"`{TRAINING_ARGUMENTS[name]}` (`TrainingArguments`), `FlexDeMo({name}=...)`"
-            accepted = _accepted(typing.get_type_hints(knobs_signature())[name])
+            where = f"`{TRAINING_ARGUMENTS[name]}` (`TrainingArguments`), {_where(name)}"
         facts = [f"default {_value(default)}"]
         if name in in_force and in_force[name] != default:
             facts.append(f"in force at the defaults: {_value(in_force[name])}")
         facts += [f"accepted: {accepted}", kind]
         entries[name] = {"facts": " · ".join(facts), "where": where, "help": help_text}
     return entries
-
-
-def knobs_signature() -> Any:
-    """``FlexDeMo.__init__``, for the types of the knobs that are not ``FlexDeMoConfig`` fields."""
-    from hf_flexdemo.optimizer import FlexDeMo
-
-    return FlexDeMo.__init__
 
 
 def _presets() -> list[str]:
@@ -138,7 +142,8 @@ def render() -> str:
     lines = [
         "# Configuration",
         "",
-        "<!-- Generated by docs/generate_configuration.py from hf_flexdemo/knobs.py and hf_flexdemo/config.py; "
+        "<!-- Generated by docs/generate_configuration.py from the knob table (hf_flexdemo/knobs.py) and "
+        "hf_flexdemo/config.py; "
         "edit those, then run `make docs`. -->",
         "",
         "Every FlexDeMo knob and every `FlexDeMoConfig` field, with its default, the values it accepts and what it "
@@ -150,9 +155,13 @@ def render() -> str:
         "(`flexdemo_config={\"local_steps\": 4}`).",
         "* **On the command line** (the recipes, or any `HfArgumentParser` script that includes `FlexDeMoConfig`): "
         "`--local_steps 4`; in a `--config run.yaml`, `local_steps: 4`.",
-        "* **In a torch loop**: `FlexDeMo(params, lr=..., local_steps=4)`. Per-parameter-group knobs may differ "
-        "between `param_groups`; optimizer-wide knobs hold for the whole optimizer (every group shares one "
-        "exchange) and live in `FlexDeMo.options`. `FlexDeMo` also takes `replicate_group` (the process group of "
+        "* **In a torch loop**: `FlexDeMo(params, lr=..., local_steps=4, compression=CompressionPolicy(rate=1/8))`: "
+        "`lr`, `betas`, `eps`, `weight_decay`, `local_steps`, `overlap` and `bucket_cap_mb` are keywords, the other "
+        "knobs fields of a policy (`from hf_flexdemo import CompressionPolicy, ...`; "
+        "`hf_flexdemo.policies.from_knobs` turns the flat names into these keywords). Per-parameter-group knobs "
+        "may differ between `param_groups`, under their flat names; optimizer-wide knobs hold for the whole "
+        "optimizer (every group shares one exchange) and live, flat, in `FlexDeMo.options`. `FlexDeMo` also takes "
+        "`replicate_group` (the process group of "
         "the replicas on other nodes; `None` on one node), `shard_group` (this node's ranks; by default the "
         "parameters' device mesh) and `preset` (the names below).",
         "",
@@ -164,7 +173,7 @@ def render() -> str:
         "## Presets",
         "",
         "`flexdemo_preset` (`FlexDeMoConfig`, `--flexdemo_preset`) and `FlexDeMo(preset=...)` take the same names. "
-        "(The recipes' `--preset` is another thing: it names a data set.)",
+        "(The recipes' `--data_preset` is another thing: it names a data set.)",
         "",
         *_presets(),
         "",

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from .config import FlexDeMoConfig
 from .mesh import build_hybrid_mesh, resolve_shard_size, shard_model
 from .optimizer import FlexDeMo
+from .policies import BudgetPolicy, CompressionPolicy, GuardPolicy, OuterPolicy, StepRulePolicy
 
 if TYPE_CHECKING:
     from .trainer import FlexDeMoSeq2SeqTrainer, FlexDeMoTrainer
@@ -20,10 +21,15 @@ if TYPE_CHECKING:
 _LAZY = {"FlexDeMoTrainer": "trainer", "FlexDeMoSeq2SeqTrainer": "trainer"}
 
 __all__ = [
+    "BudgetPolicy",
+    "CompressionPolicy",
     "FlexDeMo",
     "FlexDeMoConfig",
     "FlexDeMoSeq2SeqTrainer",
     "FlexDeMoTrainer",
+    "GuardPolicy",
+    "OuterPolicy",
+    "StepRulePolicy",
     "build_hybrid_mesh",
     "resolve_shard_size",
     "shard_model",

@@ -6,7 +6,7 @@ DiLoCo and SparseLoCo between nodes, FSDP2 inside them. Per step and parameter s
   ``lr`` (the Trainer's schedule reaches it through ``param_groups``), ``betas``, ``eps``, ``weight_decay``;
   nothing crosses nodes, no collective and no host sync;
 * every H-th step, after the inner step: the pseudo-gradient ``anchor - local`` enters error feedback,
-  ``delta <- compression_decay * delta + (anchor - local)``; the replicator compresses and exchanges it in one
+  ``delta <- feedback_decay * delta + (anchor - local)``; the replicator compresses and exchanges it in one
   collective like any momentum (:class:`~hf_flexdemo.exchange.ExchangeEngine`: rate, blocks, transform, value
   type, the non-finite flag, the skip decision); the outer rule moves the anchor by the decoded mean ``Q``,
   ``anchor <- anchor - outer_lr * Q`` (SparseLoCo) or with Nesterov momentum ``outer_momentum`` (DiLoCo),
@@ -37,13 +37,12 @@ The end of a run (:meth:`LocalSteps.finish`, from ``FlexDeMo.finish``): the exch
 round of every fragment in one collective, and every replica restarts from the anchor, which then holds every step
 trained. Weights loaded from outside become the anchor (:meth:`LocalSteps.adopt`).
 
-``compression_decay`` is reused as the error-feedback decay: ``delta`` is the same buffer in the same role
-(what compression held back, decayed once per exchange). A skipped round (a non-finite pseudo-gradient on some
-rank) keeps the anchor, ``delta`` and the outer momentum, restarts every replica from the anchor, and zeroes
-the non-finite entries of the inner moments and of ``delta``. Streaming, a skipped landing also drops that
-step's gradient (computed where a replica was non-finite) and restarts every fragment, not just its own: a
-non-finite value spreads through the next forward to every parameter, and through a landing's progress term
-into ``delta``; otherwise every later round would be skipped.
+``feedback_decay`` decays what compression held back once per exchange. A skipped round (a non-finite
+pseudo-gradient on some rank) keeps the anchor, ``delta`` and the outer momentum, restarts every replica from the
+anchor, and zeroes the non-finite entries of the inner moments and of ``delta``. Streaming, a skipped landing also
+drops that step's gradient (computed where a replica was non-finite) and restarts every fragment, not just its own:
+a non-finite value spreads through the next forward to every parameter, and through a landing's progress term into
+``delta``; otherwise every later round would be skipped.
 
 State per parameter (float32 unless noted): ``exp_avg``, ``exp_avg_sq`` (the parameter's dtype) and ``step``
 (on the CPU), the inner AdamW's; ``anchor``, the parameters at the last exchange; ``delta``, the error
@@ -187,7 +186,7 @@ class LocalSteps(Mode):
             self._launch(stacks)  # an empty fragment (or rank) still joins the collective: every rank issues the same
             for stack in stacks:  # what was held back decays now; the progress until the exchange lands joins it
                 held = stack.momentum.zero_() if engine.replicator.spends_momentum else stack.momentum
-                held.mul_(stack.group["compression_decay"])
+                held.mul_(stack.group["feedback_decay"])
                 torch._foreach_add_(list(held.unbind(0)), stack.shards())  # minus where the replica is then (_land)
 
     def _launch(self, stacks: list[Stack]) -> None:
@@ -267,7 +266,7 @@ class LocalSteps(Mode):
     def pseudo_gradient(self, stack: Stack) -> Tensor:
         """The candidate error feedback ``decay * delta + (anchor - local)``, built in the stack's spare buffer
         (streaming: ``delta + (anchor - local)``, ``delta`` having decayed when its round's exchange started)."""
-        decay = 1.0 if self.streaming else stack.group["compression_decay"]
+        decay = 1.0 if self.streaming else stack.group["feedback_decay"]
         out = torch.mul(stack.delta, decay, out=stack.take_spare())
         torch._foreach_sub_(list(out.unbind(0)), stack.shards())
         return out.add_(stack_rows(stack.states, "anchor"))

@@ -35,26 +35,12 @@ from torch.optim import Optimizer
 from . import budget, knobs, local_steps
 from .exchange import HELD_KEYS, MOMENT_KEYS, ExchangeEngine
 from .guards import DriftCheck
-from .knobs import (
-    DEFAULT_RATE,
-    DEFAULTS,
-    OPTIMIZER_WIDE,
-    PER_GROUP,
-    Consensus,
-    DriftAction,
-    Momentum,
-    NonfiniteAction,
-    Overlap,
-    Preset,
-    Replicator,
-    Transform,
-    Update,
-    ValueDtype,
-    check,
-)
+from .knobs import DEFAULT_RATE, DEFAULTS, OPTIMIZER_WIDE, PER_GROUP, Overlap, Preset, check
 from .mode import Mode
 from .one_replica import OneReplica
 from .plan import Bucket, build_plan, local_shard
+from .policies import CLASSES as POLICY_CLASSES
+from .policies import BudgetPolicy, CompressionPolicy, GuardPolicy, OuterPolicy, StepRulePolicy, knob_values
 from .replicate import CommStats, ReplicateGroup, dense_allreduce_bytes
 from .replicators import DENSE, REGISTRY, exchange_bytes
 from .replicators import Replicator as ReplicatorBase
@@ -68,19 +54,30 @@ FINAL = "compressed"  # finish()'s wire for the last round (docs/how-it-works.md
 
 
 class FlexDeMo(Optimizer):
-    """FlexDeMo optimizer (see module docstring); ``comm_stats`` describes the last step's traffic, ``options``
-    holds the optimizer-wide knobs (:data:`hf_flexdemo.knobs.OPTIMIZER_WIDE`).
+    """FlexDeMo optimizer (see the module docstring); ``comm_stats`` describes the last step's traffic, ``options``
+    holds the optimizer-wide knobs (:data:`hf_flexdemo.knobs.OPTIMIZER_WIDE`), flat, as resolved.
 
     Args:
         params: parameters or parameter groups (``DTensor`` shards or plain tensors). A group may set the
-            per-group knobs (:data:`hf_flexdemo.knobs.PER_GROUP`), not the optimizer-wide ones.
+            per-group knobs by their flat names (:data:`hf_flexdemo.knobs.PER_GROUP`: ``lr``, ``compression_rate``,
+            ...), not the optimizer-wide ones.
+        lr, betas, eps, weight_decay: AdamW's, per group (the inner steps'; step-wise, the rule's).
         replicate_group: process group of the replicas to exchange with; ``None`` for a single node.
         shard_group: the ranks of this node (FSDP's group), over which the non-finite flag is OR-ed;
             default: the 1-D device mesh of the ``DTensor`` parameters, ``None`` for plain tensors.
         preset: a named set of knob values (:data:`hf_flexdemo.knobs.PRESETS`: ``"step-wise"``,
             ``"flexdemo-paper"``, ``"demo-paper"``) for the knobs left at their default.
-        lr, and every keyword after ``shard_group``: the knobs, each explained in :data:`hf_flexdemo.knobs.HELP`
-            (the same text as ``FlexDeMoConfig``'s ``--help``), defaults in :data:`hf_flexdemo.knobs.DEFAULTS`.
+        local_steps: AdamW steps each node takes between two exchanges (1: the step-wise mode).
+        overlap: when the exchange runs (``"auto"``: streamed with local steps, in ``step()`` step-wise).
+        bucket_cap_mb: the exchange bucket size, as DDP's.
+        compression: what travels (:class:`~hf_flexdemo.policies.CompressionPolicy`; ``None``: the defaults).
+        outer: local steps' outer rule and streaming (:class:`~hf_flexdemo.policies.OuterPolicy`).
+        step_rule: the step-wise rule (:class:`~hf_flexdemo.policies.StepRulePolicy`).
+        budget: a byte or time budget instead of a fixed rate (:class:`~hf_flexdemo.policies.BudgetPolicy`).
+        guards: non-finite steps and the replica drift check (:class:`~hf_flexdemo.policies.GuardPolicy`).
+
+    Every knob is explained in docs/configuration.md (:data:`hf_flexdemo.knobs.KNOBS`, the same text as
+    ``FlexDeMoConfig``'s ``--help``); :func:`hf_flexdemo.policies.from_knobs` builds these keywords from flat names.
     """
 
     def __init__(
@@ -88,41 +85,23 @@ class FlexDeMo(Optimizer):
         params: Iterable[Tensor] | Iterable[dict[str, Any]],
         lr: float = DEFAULTS["lr"],
         *,
+        betas: tuple[float, float] = DEFAULTS["betas"],
+        eps: float = DEFAULTS["eps"],
+        weight_decay: float = DEFAULTS["weight_decay"],
         replicate_group: dist.ProcessGroup | None = None,
         shard_group: dist.ProcessGroup | None = None,
         preset: Preset = "default",
-        compression_rate: float | None = DEFAULTS["compression_rate"],
-        compression_topk: int | None = DEFAULTS["compression_topk"],
-        compression_chunk: int = DEFAULTS["compression_chunk"],
-        compression_transform: Transform = DEFAULTS["compression_transform"],
-        compression_decay: float = DEFAULTS["compression_decay"],
-        compression_feedback: float = DEFAULTS["compression_feedback"],
-        momentum: Momentum = DEFAULTS["momentum"],
-        update: Update = DEFAULTS["update"],
-        replicator: Replicator = DEFAULTS["replicator"],
-        consensus: Consensus = DEFAULTS["consensus"],
-        weight_decay: float = DEFAULTS["weight_decay"],
-        value_dtype: ValueDtype = DEFAULTS["value_dtype"],
-        replicator_seed: int = DEFAULTS["replicator_seed"],
-        betas: tuple[float, float] = DEFAULTS["betas"],
-        eps: float = DEFAULTS["eps"],
+        local_steps: int = DEFAULTS["local_steps"],
         overlap: Overlap = DEFAULTS["overlap"],
         bucket_cap_mb: float = DEFAULTS["bucket_cap_mb"],
-        budget_bytes: int | None = DEFAULTS["budget_bytes"],
-        budget_fraction: float | None = DEFAULTS["budget_fraction"],
-        budget_min_rate: float = DEFAULTS["budget_min_rate"],
-        budget_max_rate: float = DEFAULTS["budget_max_rate"],
-        on_nonfinite: NonfiniteAction = DEFAULTS["on_nonfinite"],
-        drift_check_every: int = DEFAULTS["drift_check_every"],
-        on_drift: DriftAction = DEFAULTS["on_drift"],
-        drift_tolerance: float = DEFAULTS["drift_tolerance"],
-        local_steps: int = DEFAULTS["local_steps"],
-        outer_lr: float = DEFAULTS["outer_lr"],
-        outer_momentum: float = DEFAULTS["outer_momentum"],
-        outer_delay: int = DEFAULTS["outer_delay"],
-        outer_fragments: int | None = DEFAULTS["outer_fragments"],
+        compression: CompressionPolicy | None = None,
+        outer: OuterPolicy | None = None,
+        step_rule: StepRulePolicy | None = None,
+        budget: BudgetPolicy | None = None,
+        guards: GuardPolicy | None = None,
     ) -> None:
-        given = knobs.apply_preset(preset, {key: value for key, value in locals().items() if key in DEFAULTS})
+        given = knobs.apply_preset(preset, knob_values({key: value for key, value in locals().items()
+                                                        if key in DEFAULTS or key in POLICY_CLASSES}))
         knobs.validate(given)
         if all(given[key] is None for key in ("compression_rate", "compression_topk", "budget_bytes",
                                               "budget_fraction")):
@@ -143,8 +122,9 @@ class FlexDeMo(Optimizer):
         self.comm_stats: dict[str, int] = CommStats().as_dict()
         self.exchange = ExchangeEngine(self._new_replicator(DENSE), replicate=self.replicate, shard_group=shard_group,
                                        device=self.device, options=self.options)
-        if budget_fraction is not None:  # a byte budget's rate is solved from the shard shapes with the plan
-            self.exchange.rate = min(max(given["compression_rate"] or DEFAULT_RATE, budget_min_rate), budget_max_rate)
+        if given["budget_fraction"] is not None:  # a byte budget's rate is solved from the shard shapes with the plan
+            self.exchange.rate = min(max(given["compression_rate"] or DEFAULT_RATE, given["budget_min_rate"]),
+                                     given["budget_max_rate"])
         self.mode: Mode = Mode(self)
         self._reset()
 

@@ -89,14 +89,14 @@ class Stack:
                 step=float(states[0]["step"]) + 1.0, beta1=beta1, beta2=beta2, eps=group["eps"])
         else:
             entering = self.grads()
-        scale = F.entry_scale(group["momentum"], lr=group["lr"], decay=group["compression_decay"])
-        return F.momentum_step(self.delta, entering, out=spare, decay=group["compression_decay"], scale=scale)
+        scale = F.entry_scale(group["momentum"], lr=group["lr"], decay=group["momentum_decay"])
+        return F.momentum_step(self.delta, entering, out=spare, decay=group["momentum_decay"], scale=scale)
 
     def apply(self, q: Tensor, lr: float, workspace: Workspace) -> None:
         """Update the parameters from their ``(P, *shape)`` consensus ``Q`` (built with learning rate ``lr``)."""
         group, params, states = self.group, self.shards(), self.states
         # AdamW's eps and SGD's step are in gradient units: Q divided by the scale it entered the momentum with.
-        scale = F.entry_scale(group["momentum"], lr=lr, decay=group["compression_decay"])
+        scale = F.entry_scale(group["momentum"], lr=lr, decay=group["momentum_decay"])
         to_gradient = 1.0 / scale if scale > 0 else 0.0
         (beta1, beta2), eps = group["betas"], group["eps"]
         if group["update"] == "adamw":

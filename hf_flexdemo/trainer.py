@@ -51,6 +51,7 @@ from .cpu_fsdp import enable_fsdp_on_cpu
 from .mesh import group_timeout, init_process_group, launcher_shard_size, shard_model
 from .model_card import training_mode
 from .optimizer import FlexDeMo
+from .policies import from_knobs
 from .topology import Topology, parallelism_config
 
 # Trainer's own logger: the setup line obeys TrainingArguments.log_level / log_level_replica (and transformers'
@@ -300,7 +301,7 @@ class FlexDeMoTrainer(Trainer):
                 "replicate_group": self.replicate_group(),
                 "betas": (self.args.adam_beta1, self.args.adam_beta2),
                 "eps": self.args.adam_epsilon,
-                **self.flexdemo_config.optimizer_kwargs(),
+                **from_knobs(self.flexdemo_config.optimizer_kwargs()),
             })
             optimizer = super().create_optimizer(model)
             names = {p: n for n, p in (model or self.model).named_parameters()}

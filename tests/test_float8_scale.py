@@ -2,17 +2,20 @@
 finite coefficients decode to finite values at any magnitude, through the decode the optimizer runs; and what the
 receivers decode is exactly what the sender's error feedback subtracts."""
 
-import functools
 
 import pytest
 import torch
 
 from hf_flexdemo import FlexDeMo, compression
 from hf_flexdemo.dct import BlockLayout
+from hf_flexdemo.policies import from_knobs
+
 
 # FlexDeMo in its step-wise mode (an exchange every step), which these tests pin; a local_steps= argument
 # overrides it.
-step_wise = functools.partial(FlexDeMo, local_steps=1)
+def step_wise(params, **knobs):
+    """FlexDeMo in the step-wise mode, its knobs spelt flat (FlexDeMoConfig's names)."""
+    return FlexDeMo(params, **from_knobs({"local_steps": 1, **knobs}))
 
 MAGNITUDES = {"1e-45": 1e-45, "1e-39": 1e-39, "1e-30": 1e-30, "1": 1.0, "1e30": 1e30}
 # (shape, chunk, kept per block): indices and bitmasks, and a shard smaller than a block (3 x 5 < 8 x 8)
@@ -132,7 +135,7 @@ def test_a_momentum_block_near_1e_39_keeps_parameters_finite(value_dtype, consen
     the other block's is ~1. Its kept coefficients include exact zeros; with a zero scale they decoded to 0/0."""
     weight = torch.nn.Parameter(torch.zeros(16, 8))
     opt = step_wise([weight], lr=1.0, replicator="none", value_dtype=value_dtype, consensus=consensus,
-                   momentum="lr", update="sgd", compression_decay=0.0, compression_chunk=8, compression_rate=0.25,
+                   momentum="lr", update="sgd", momentum_decay=0.0, compression_chunk=8, compression_rate=0.25,
                    drift_check_every=0)
     for step in range(3):
         grad = torch.zeros(16, 8)

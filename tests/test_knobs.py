@@ -1,5 +1,5 @@
-"""One source of knobs: the registry of replicators, FlexDeMo's signature and FlexDeMoConfig agree with
-``hf_flexdemo.knobs``, and the optimizer never branches on a replicator's name."""
+"""One source of knobs: the registry of replicators, FlexDeMo's keywords and policies and FlexDeMoConfig come from
+the table in ``hf_flexdemo.knobs``, and the optimizer never branches on a replicator's name."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hf_flexdemo import FlexDeMo, FlexDeMoConfig, knobs
+from hf_flexdemo import FlexDeMo, FlexDeMoConfig, knobs, policies
 from hf_flexdemo.replicators import REGISTRY, Replicator
 
 
@@ -21,11 +21,51 @@ def test_every_replicator_name_has_one_registered_class():
         assert not inspect.isabstract(cls), f"{cls.__name__} leaves {sorted(cls.__abstractmethods__)} abstract"
 
 
-def test_flexdemo_keyword_defaults_are_the_knobs_defaults():
+def test_flexdemo_keywords_and_policies_carry_every_knob_with_its_one_default():
     parameters = inspect.signature(FlexDeMo).parameters
-    knob_parameters = {name: p.default for name, p in parameters.items() if name in knobs.DEFAULTS}
-    assert knob_parameters == knobs.DEFAULTS  # every knob is a keyword, with the one default
-    assert set(parameters) - set(knobs.DEFAULTS) == {"params", "replicate_group", "shard_group", "preset"}
+    plain = {name: p.default for name, p in parameters.items() if name in knobs.DEFAULTS}
+    assert plain == {k.name: k.default for k in knobs.KNOBS if k.policy is None}
+    assert {name: parameters[name].default for name in policies.CLASSES} == dict.fromkeys(policies.CLASSES)
+    assert set(parameters) - set(plain) - set(policies.CLASSES) == {"params", "replicate_group", "shard_group",
+                                                                    "preset"}
+    in_policies = {f.metadata["knob"]: f.default for cls in policies.CLASSES.values() for f in dataclasses.fields(cls)}
+    assert {**plain, **in_policies} == knobs.DEFAULTS  # every knob once, with the table's default
+    for cls in policies.CLASSES.values():
+        for f in dataclasses.fields(cls):
+            assert f.metadata["help"] == knobs.HELP[f.metadata["knob"]]
+
+
+def test_flat_knobs_and_policies_spell_the_same_optimizer():
+    import torch
+
+    flat = {"lr": 3e-3, "local_steps": 4, "compression_rate": 0.125, "outer_momentum": 0.9, "drift_check_every": 0,
+            "budget_bytes": None}
+    keywords = policies.from_knobs(flat)
+    assert keywords == {"lr": 3e-3, "local_steps": 4, "compression": policies.CompressionPolicy(rate=0.125),
+                        "outer": policies.OuterPolicy(momentum=0.9), "budget": policies.BudgetPolicy(),
+                        "guards": policies.GuardPolicy(drift_check_every=0)}
+    assert policies.knob_values(keywords) == {**knobs.DEFAULTS, **flat}
+    weight = torch.nn.Parameter(torch.zeros(4, 4))
+    assert FlexDeMo([weight], **keywords).options == FlexDeMo([weight], lr=3e-3, local_steps=4,
+                                                              compression=policies.CompressionPolicy(rate=0.125),
+                                                              outer=policies.OuterPolicy(momentum=0.9),
+                                                              guards=policies.GuardPolicy(drift_check_every=0)).options
+    with pytest.raises(ValueError, match=r"invalid compression=OuterPolicy\(.*accepted: a CompressionPolicy"):
+        FlexDeMo([weight], compression=policies.OuterPolicy())
+
+
+@pytest.mark.parametrize(("given", "field", "default", "fix"), [
+    ({"momentum": "lr"}, "momentum", "'adam'", r"only the step-wise mode .* reads it; set local_steps=1"),
+    ({"update": "sign"}, "update", "'sgd'", r"only the step-wise mode .* reads it; set local_steps=1"),
+    ({"momentum_decay": 0.9}, "momentum_decay", "0.999", r"set local_steps=1"),
+    ({"local_steps": 1, "feedback_decay": 0.95}, "feedback_decay", "0.999",
+     r"only local steps .* reads it; set local_steps=H > 1"),
+])
+def test_a_knob_the_mode_does_not_read_is_refused_by_the_table(given, field, default, fix):
+    for build in (lambda: FlexDeMoConfig(**given), lambda: knobs.validate({**knobs.DEFAULTS, **given})):
+        with pytest.raises(ValueError, match=rf"invalid {field}=.*accepted: {default} \(the default\) with "
+                                             rf"local_steps=.*{fix}"):
+            build()
 
 
 def test_config_fields_default_to_the_knobs_defaults():
@@ -79,7 +119,7 @@ def test_optimizer_wide_knobs_are_refused_in_a_param_group():
 STEP_WISE = {"local_steps": 1, "overlap": "none", "outer_fragments": 1,  # "auto" and None resolve so step-wise
              "compression_transform": "dct"}
 PAPER = {**STEP_WISE, "momentum": "lr", "update": "sign", "consensus": "choosers", "value_dtype": "float32",
-         "compression_decay": 0.999}
+         "momentum_decay": 0.999}
 
 
 @pytest.mark.parametrize(("preset", "documented"), [

@@ -11,6 +11,7 @@ from torch import nn
 
 from hf_flexdemo import FlexDeMo, FlexDeMoConfig, compression, knobs, local_steps, quantize
 from hf_flexdemo.dct import BlockLayout
+from hf_flexdemo.policies import CompressionPolicy, OuterPolicy, from_knobs
 from hf_flexdemo.replicate import pack, unpack
 
 WIDTHS = ("float32", "bfloat16", "float8", "int4", "int2")
@@ -33,9 +34,10 @@ def train(model: nn.Module, opt: torch.optim.Optimizer, steps: int) -> None:
 def test_one_local_step_is_the_step_wise_optimizer_bit_for_bit():
     """``local_steps=1`` alone trains as the step-wise defaults before local steps, spelled out."""
     one, before = mlp(), mlp()
-    train(one, FlexDeMo(one.parameters(), lr=1e-2, compression_chunk=8, local_steps=1, replicator="none"), 5)
-    train(before, FlexDeMo(before.parameters(), lr=1e-2, compression_chunk=8, local_steps=1, value_dtype="float8",
-                           overlap="none", replicator="none"), 5)
+    train(one, FlexDeMo(one.parameters(), lr=1e-2, local_steps=1,
+                        compression=CompressionPolicy(chunk=8, replicator="none")), 5)
+    train(before, FlexDeMo(before.parameters(), lr=1e-2, local_steps=1, overlap="none",
+                           compression=CompressionPolicy(chunk=8, value_dtype="float8", replicator="none")), 5)
     for a, b in zip(one.parameters(), before.parameters()):
         assert torch.equal(a, b)
 
@@ -43,8 +45,8 @@ def test_one_local_step_is_the_step_wise_optimizer_bit_for_bit():
 @pytest.mark.parametrize("value_dtype", WIDTHS)
 def test_local_steps_train_and_restart_from_the_anchor(value_dtype):
     model = mlp()
-    opt = FlexDeMo(model.parameters(), lr=1e-2, local_steps=3, value_dtype=value_dtype, replicator="none",
-                   compression_chunk=8, overlap="none")
+    opt = FlexDeMo(model.parameters(), lr=1e-2, local_steps=3, overlap="none",
+                   compression=CompressionPolicy(value_dtype=value_dtype, replicator="none", chunk=8))
     train(model, opt, 6)
     for p in model.parameters():
         assert torch.equal(p, opt.state[p]["anchor"])  # a round just ended: the parameters are the anchor
@@ -61,7 +63,8 @@ def test_memory_is_adamw_plus_anchor_and_error_feedback(outer_momentum):
 
     model, reference = mlp(), mlp()
     adamw = torch.optim.AdamW(reference.parameters(), lr=1e-2)
-    opt = FlexDeMo(model.parameters(), lr=1e-2, local_steps=4, replicator="none", outer_momentum=outer_momentum)
+    opt = FlexDeMo(model.parameters(), lr=1e-2, local_steps=4, compression=CompressionPolicy(replicator="none"),
+                   outer=OuterPolicy(momentum=outer_momentum))
     train(reference, adamw, 1)
     train(model, opt, 1)
     numel = sum(p.numel() for p in model.parameters())
@@ -73,20 +76,20 @@ def test_memory_is_adamw_plus_anchor_and_error_feedback(outer_momentum):
                                              ("outer_momentum", 1.0), ("value_dtype", "int3")])
 def test_invalid_knobs_name_field_value_and_accepted(knob, value):
     with pytest.raises(ValueError, match=f"{knob}={value!r}; accepted: "):
-        FlexDeMo(mlp().parameters(), **{knob: value})
+        FlexDeMo(mlp().parameters(), **from_knobs({knob: value}))
 
 
 @pytest.mark.parametrize(("given", "named"), [({"overlap": "backward"}, "overlap"),
                                               ({"budget_fraction": 0.1}, "budget_fraction")])
 def test_local_steps_refuse_a_per_step_schedule(given, named):
     with pytest.raises(ValueError, match=f"invalid {named}="):
-        FlexDeMo(mlp().parameters(), local_steps=4, **given)
+        FlexDeMo(mlp().parameters(), **from_knobs({"local_steps": 4, **given}))
 
 
 @pytest.mark.parametrize("value_dtype", ["int4", "int2"])
 def test_low_bit_values_need_demo_not_random(value_dtype):
     with pytest.raises(ValueError, match="value_dtype"):
-        FlexDeMo(mlp().parameters(), replicator="random", value_dtype=value_dtype)
+        FlexDeMo(mlp().parameters(), compression=CompressionPolicy(replicator="random", value_dtype=value_dtype))
 
 
 def test_config_carries_the_local_steps_knobs():
@@ -136,7 +139,8 @@ def test_low_bit_grid_is_uniform_symmetric_and_tiny_blocks_keep_a_normal_scale(v
 
 def test_state_dict_mid_round_holds_the_local_shard_and_round_boundary_does_not():
     model = mlp()
-    opt = FlexDeMo(model.parameters(), lr=1e-2, local_steps=2, replicator="none", overlap="none")
+    opt = FlexDeMo(model.parameters(), lr=1e-2, local_steps=2, overlap="none",
+                   compression=CompressionPolicy(replicator="none"))
     train(model, opt, 1)
     mid = opt.state_dict()
     assert all("local" in s for s in mid["state"].values()) and not any("local" in s for s in opt.state.values())
@@ -162,7 +166,8 @@ def _linear_run(lrs: list[float], **streaming) -> tuple[list[float], list[float]
     """One parameter of 4 zeros under the loss ``sum(p)``, local_steps=2 on the ``EXACT`` wire and outer SGD at
     lr 1, the whole model in one round. The parameter and the anchor after each step."""
     p = nn.Parameter(torch.zeros(4))
-    opt = FlexDeMo([p], lr=lrs[0], local_steps=2, outer_fragments=1, drift_check_every=0, **EXACT, **streaming)
+    opt = FlexDeMo([p], **from_knobs({"lr": lrs[0], "local_steps": 2, "outer_fragments": 1, "drift_check_every": 0,
+                                      **EXACT, **streaming}))
     params, anchors = [], []
     for lr in lrs:
         opt.param_groups[0]["lr"] = lr
@@ -202,7 +207,8 @@ def test_streaming_lands_each_exchange_outer_delay_steps_late_and_loses_no_progr
 def test_consensus_parameters_are_the_anchor_mid_round_and_the_local_values_come_back(overlap, steps):
     """One step into round 2; streaming (outer_delay 1) also at round 1's end, where the exchange has only started."""
     model = mlp()
-    opt = FlexDeMo(model.parameters(), lr=1e-2, local_steps=3, replicator="none", overlap=overlap)
+    opt = FlexDeMo(model.parameters(), lr=1e-2, local_steps=3, overlap=overlap,
+                   compression=CompressionPolicy(replicator="none"))
     train(model, opt, steps)
     local = [p.detach().clone() for p in model.parameters()]
     with opt.consensus_parameters():
@@ -227,8 +233,8 @@ def test_four_fragments_are_the_default_bit_for_bit_and_one_is_not():
     runs = {}
     for name, given in (("default", {}), ("four", {"outer_fragments": 4}), ("one", {"outer_fragments": 1})):
         model = mlp()
-        opt = FlexDeMo(model.parameters(), lr=1e-2, compression_chunk=8, drift_check_every=3, replicator="none",
-                       **given)
+        opt = FlexDeMo(model.parameters(), **from_knobs({"lr": 1e-2, "compression_chunk": 8, "replicator": "none",
+                                                         "drift_check_every": 3, **given}))
         stats = []
         for step in range(12):
             train_step = torch.Generator().manual_seed(step)
@@ -257,7 +263,7 @@ def test_fragments_left_to_the_package_are_the_most_up_to_4_that_fit(given, chos
     """``outer_fragments=None`` (the default) picks the largest divisor F <= 4 of ``local_steps`` with
     ``outer_delay <= local_steps / F`` when streamed, else 1, so that no setting that was valid before the default
     changed is refused; the optimizer and the config record the choice."""
-    opt = FlexDeMo(mlp().parameters(), **given)
+    opt = FlexDeMo(mlp().parameters(), **from_knobs(given))
     assert opt.options["outer_fragments"] == chosen
     config = {("flexdemo_preset" if key == "preset" else key): value for key, value in given.items()}
     assert FlexDeMoConfig(**config).outer_fragments == chosen
@@ -270,7 +276,7 @@ def test_fragments_left_to_the_package_are_the_most_up_to_4_that_fit(given, chos
 def test_transform_left_to_the_package_is_none_with_local_steps_and_dct_step_wise(given, chosen):
     """``compression_transform="auto"`` (the default) resolves once, from ``local_steps``, in the optimizer's
     groups, its defaults (a later ``add_param_group``) and the config."""
-    opt = FlexDeMo(mlp().parameters(), **given)
+    opt = FlexDeMo(mlp().parameters(), **from_knobs(given))
     assert opt.param_groups[0]["compression_transform"] == opt.defaults["compression_transform"] == chosen
     config = {("flexdemo_preset" if key == "preset" else key): value for key, value in given.items()}
     assert FlexDeMoConfig(**config).compression_transform == chosen
@@ -279,7 +285,7 @@ def test_transform_left_to_the_package_is_none_with_local_steps_and_dct_step_wis
 def test_a_groups_own_auto_transform_resolves_too():
     first, second = list(mlp().parameters())[:2]
     opt = FlexDeMo([{"params": [first]}, {"params": [second], "compression_transform": "auto"}], local_steps=1,
-                   compression_transform="none")
+                   compression=CompressionPolicy(transform="none"))
     assert [group["compression_transform"] for group in opt.param_groups] == ["none", "dct"]
 
 
@@ -288,7 +294,8 @@ def test_partition_puts_the_largest_first_into_the_least_loaded_fragment():
     assert local_steps.partition([2, 2, 2], 2) == [0, 1, 0]  # ties: the earlier item, the lower fragment
     assert local_steps.partition([1, 9], 3) == [1, 0]  # a fragment may stay empty
     model = mlp()  # 512 + 32 + 256 + 8 elements: the first weight alone, the rest together
-    opt = FlexDeMo(model.parameters(), lr=1e-2, local_steps=4, outer_fragments=2, replicator="none")
+    opt = FlexDeMo(model.parameters(), lr=1e-2, local_steps=4, outer=OuterPolicy(fragments=2),
+                   compression=CompressionPolicy(replicator="none"))
     train(model, opt, 1)
     index = {id(p): i for i, p in enumerate(model.parameters())}
     fragments = [[index[id(p)] for p in members] for members in opt.mode.members]
@@ -302,7 +309,7 @@ def test_partition_puts_the_largest_first_into_the_least_loaded_fragment():
 def _fragments_run(lrs: list[float], **knobs) -> dict[str, tuple[list[float], list[float]]]:
     """``_linear_run`` with two parameters, ``a`` (4 zeros: fragment 0, the larger) and ``b`` (2 zeros: fragment 1)."""
     a, b = nn.Parameter(torch.zeros(4)), nn.Parameter(torch.zeros(2))
-    opt = FlexDeMo([a, b], lr=lrs[0], outer_fragments=2, **EXACT, **knobs)
+    opt = FlexDeMo([a, b], **from_knobs({"lr": lrs[0], "outer_fragments": 2, **EXACT, **knobs}))
     seen: dict[str, tuple[list[float], list[float]]] = {"a": ([], []), "b": ([], [])}
     for lr in lrs:
         opt.param_groups[0]["lr"] = lr
@@ -353,9 +360,9 @@ def test_fragments_resume_with_an_exchange_in_flight_bit_for_bit():
     kwargs = dict(lr=1e-2, compression_chunk=8, local_steps=4, outer_fragments=2, outer_delay=2, outer_momentum=0.9,
                   drift_check_every=1, replicator="none")
     straight = mlp()
-    train(straight, FlexDeMo(straight.parameters(), **kwargs), 12)
+    train(straight, FlexDeMo(straight.parameters(), **from_knobs(kwargs)), 12)
     model = mlp()
-    first = FlexDeMo(model.parameters(), **kwargs)
+    first = FlexDeMo(model.parameters(), **from_knobs(kwargs))
     train(model, first, 5)
     saved = first.state_dict()
     in_flight = sorted(index for index, state in saved["state"].items() if "pending_update" in state)
@@ -393,7 +400,7 @@ def test_fragments_resume_with_an_exchange_in_flight_bit_for_bit():
 ])
 def test_invalid_fragments_name_field_value_accepted_and_fix(given, field, accepted):
     value = given[field]
-    for build in (lambda: FlexDeMo(mlp().parameters(), **given), lambda: FlexDeMoConfig(**given)):
+    for build in (lambda: FlexDeMo(mlp().parameters(), **from_knobs(given)), lambda: FlexDeMoConfig(**given)):
         with pytest.raises(ValueError, match=rf"invalid {field}={value!r}; accepted: {accepted}"):
             build()
 
@@ -413,7 +420,8 @@ def test_one_non_finite_gradient_costs_one_round_and_training_goes_on(knobs, bad
     every replica restarts from its anchor, the parameters, moments and error feedback are finite again, and the
     rounds after it exchange and move the anchor."""
     model = mlp()
-    opt = FlexDeMo(model.parameters(), lr=1e-2, compression_chunk=8, replicator="none", **knobs)
+    opt = FlexDeMo(model.parameters(),
+                   **from_knobs({"lr": 1e-2, "compression_chunk": 8, "replicator": "none", **knobs}))
     anchors = []
     with pytest.warns(UserWarning, match="non-finite gradient"):
         for step in range(24):

@@ -24,6 +24,7 @@ from hf_flexdemo.model_card import (
     package_url,
     traffic_lines,
 )
+from hf_flexdemo.policies import CompressionPolicy
 from hf_flexdemo.topology import Topology
 
 TWO_BY_TWO = Topology(4, 2)
@@ -83,7 +84,8 @@ def test_the_knobs_are_those_of_the_mode_and_the_wire_and_those_set() -> None:
 
 def test_the_fragments_are_those_that_ran() -> None:
     params = [torch.nn.Parameter(torch.randn(8, 8)), torch.nn.Parameter(torch.randn(8))]
-    optimizer = FlexDeMo(params, replicator="none")  # one node, the wire emulated: the rounds run
+    # one node, the wire emulated: the rounds run
+    optimizer = FlexDeMo(params, compression=CompressionPolicy(replicator="none"))
     for p in params:
         p.grad = torch.randn_like(p)
     with warnings.catch_warnings():

@@ -1,6 +1,5 @@
 """Single-process FlexDeMo behaviour: argument validation, lazy state, state_dict contents."""
 
-import functools
 import io
 import re
 
@@ -10,10 +9,14 @@ from torch import nn
 
 from hf_flexdemo import FlexDeMo
 from hf_flexdemo.mesh import validate_shard_size
+from hf_flexdemo.policies import CompressionPolicy, from_knobs
+
 
 # FlexDeMo in its step-wise mode (an exchange every step) on the wire emulated on one process (replicator="none";
 # one replica otherwise trains as AdamW), which these tests pin; a local_steps= or replicator= argument overrides it.
-step_wise = functools.partial(FlexDeMo, local_steps=1, replicator="none")
+def step_wise(params, **knobs):
+    """FlexDeMo in the step-wise mode, its knobs spelt flat (FlexDeMoConfig's names)."""
+    return FlexDeMo(params, **from_knobs({"local_steps": 1, "replicator": "none", **knobs}))
 
 
 def _params(dtype=torch.float32):
@@ -26,8 +29,8 @@ def _params(dtype=torch.float32):
         ({"compression_topk": 0}, "compression_topk", "integer >= 1"),
         ({"compression_topk": 2.5}, "compression_topk", "integer >= 1"),
         ({"compression_chunk": 0}, "compression_chunk", "integer >= 1"),
-        ({"compression_decay": 1.0}, "compression_decay", "[0, 1)"),
-        ({"compression_decay": -0.1}, "compression_decay", "[0, 1)"),
+        ({"momentum_decay": 1.0}, "momentum_decay", "[0, 1)"),
+        ({"momentum_decay": -0.1}, "momentum_decay", "[0, 1)"),
         ({"lr": -1.0}, "lr", ">= 0"),
         ({"update": "lion"}, "update", "sign | sgd | adamw"),
         ({"replicator": "powersgd"}, "replicator", "demo | random | full | none"),
@@ -61,7 +64,7 @@ def test_invalid_arguments_name_field_and_accepted_values(kwargs, field, accepte
 def test_auto_value_dtype_is_scaled_for_demo_only(replicator, local_steps, wire):
     """The default ``value_dtype="auto"`` resolves once, so the state_dict records (and a resume keeps) the wire type;
     ``random``'s all-reduce adds values, which per-block scales would not allow."""
-    opt = FlexDeMo(_params(), replicator=replicator, local_steps=local_steps)
+    opt = FlexDeMo(_params(), local_steps=local_steps, compression=CompressionPolicy(replicator=replicator))
     assert opt.options["value_dtype"] == wire
     assert opt.options["overlap"] == ("delayed" if local_steps > 1 else "none")
 
@@ -187,7 +190,7 @@ def test_without_a_transform_top_k_keeps_each_blocks_largest_values():
     gradient = torch.randn(16, 24, generator=torch.Generator().manual_seed(0))
     weight = nn.Parameter(torch.zeros(16, 24))
     opt = step_wise([weight], lr=1.0, momentum="lr", update="sgd", replicator="none", compression_transform="none",
-                   compression_topk=5, compression_chunk=8, compression_decay=0.0, value_dtype="float32",
+                   compression_topk=5, compression_chunk=8, momentum_decay=0.0, value_dtype="float32",
                    drift_check_every=0)
     weight.grad = gradient.clone()
     opt.step()

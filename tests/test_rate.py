@@ -8,6 +8,7 @@ from hf_flexdemo import FlexDeMo
 from hf_flexdemo.compression import kept_per_block
 from hf_flexdemo.dct import BlockLayout
 from hf_flexdemo.knobs import DEFAULT_CHUNK, DEFAULT_RATE
+from hf_flexdemo.policies import CompressionPolicy
 from hf_flexdemo.tiny_t5 import T5_VOCAB_SIZE, named_t5_config
 
 
@@ -47,10 +48,10 @@ def test_fixed_topk_density_moves_with_the_shard_size():
 
 def test_rate_and_topk_together_are_refused():
     with pytest.raises(ValueError, match=r"compression_rate=0.125 and compression_topk=4 are both set; accepted: one"):
-        FlexDeMo(torch.nn.Linear(4, 4).parameters(), compression_rate=0.125, compression_topk=4)
+        FlexDeMo(torch.nn.Linear(4, 4).parameters(), compression=CompressionPolicy(rate=0.125, topk=4))
 
 
 @pytest.mark.parametrize("rate", [0.0, 1.5, -0.1])
 def test_rate_out_of_range_is_refused(rate):
     with pytest.raises(ValueError, match=r"compression_rate=.*accepted: a float in \(0, 1\]"):
-        FlexDeMo(torch.nn.Linear(4, 4).parameters(), compression_rate=rate)
+        FlexDeMo(torch.nn.Linear(4, 4).parameters(), compression=CompressionPolicy(rate=rate))

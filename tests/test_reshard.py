@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hf_flexdemo.policies import CompressionPolicy, GuardPolicy, StepRulePolicy
 from hf_flexdemo.reshard import assemble, cut, reshard_state_dict, reshard_tensor
 
 SHAPES = [(5, 3), (1, 4), (4,), (7, 2), (2, 8)]  # uneven, fewer rows than ranks (empty shards), 1-D
@@ -132,7 +133,8 @@ def test_load_resharded_into_one_process_checks_the_parameters(tmp_path):
         params = [torch.nn.Parameter(torch.randn(shape)) for shape in shapes]
         for p in params:
             p.grad = torch.randn_like(p)
-        return FlexDeMo(params, update="adamw", drift_check_every=0, replicator="none")
+        return FlexDeMo(params, step_rule=StepRulePolicy(update="adamw"), guards=GuardPolicy(drift_check_every=0),
+                        compression=CompressionPolicy(replicator="none"))
 
     source = optimizer((5, 3), (4,))
     source.step()

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from hf_flexdemo import FlexDeMo
+from hf_flexdemo.policies import CompressionPolicy, GuardPolicy, from_knobs
 
 MODES = {"local steps": {}, "step-wise": {"preset": "step-wise"}}
 
@@ -60,7 +61,7 @@ def run_with_changes(make, steps: int = 24) -> tuple[nn.Sequential, nn.Parameter
 def test_one_replica_trains_as_torch_adamw_exactly(mode):
     """Nothing crosses nodes, so nothing is compressed: the parameters and losses of torch's AdamW, bit for bit."""
     ours, theirs = mlp(), mlp()
-    flexdemo = FlexDeMo(ours.parameters(), lr=3e-3, **MODES[mode])
+    flexdemo = FlexDeMo(ours.parameters(), **from_knobs({"lr": 3e-3, **MODES[mode]}))
     adamw = torch.optim.AdamW(theirs.parameters(), lr=3e-3, weight_decay=0.0)
     for step in range(24):
         assert train_step(ours, flexdemo, step) == train_step(theirs, adamw, step)
@@ -84,7 +85,7 @@ def test_one_replica_still_skips_a_non_finite_gradient():
 def test_replicator_none_emulates_the_wire_on_one_node():
     """The explicit opt-in: the compressed exchange runs as if there were nodes, so AdamW's result differs."""
     ours, theirs = mlp(), mlp()
-    emulated = FlexDeMo(ours.parameters(), lr=3e-3, replicator="none")
+    emulated = FlexDeMo(ours.parameters(), lr=3e-3, compression=CompressionPolicy(replicator="none"))
     adamw = torch.optim.AdamW(theirs.parameters(), lr=3e-3, weight_decay=0.0)
     for step in range(24):
         train_step(ours, emulated, step)
@@ -95,7 +96,7 @@ def test_replicator_none_emulates_the_wire_on_one_node():
 
 @pytest.mark.parametrize("mode", MODES)
 def test_freezing_unfreezing_and_new_groups_follow_torch_adamw_on_one_replica(mode):
-    ours = run_with_changes(lambda params: FlexDeMo(params, lr=3e-3, **MODES[mode]))[2]
+    ours = run_with_changes(lambda params: FlexDeMo(params, **from_knobs({"lr": 3e-3, **MODES[mode]})))[2]
     theirs = run_with_changes(lambda params: torch.optim.AdamW(params, lr=3e-3, weight_decay=0.0))[2]
     for step, (a, b) in enumerate(zip(ours, theirs)):
         assert all(torch.equal(a[n], b[n]) for n in a), step
@@ -106,7 +107,8 @@ def test_the_exchange_replans_when_the_trainable_set_changes(mode):
     """On the emulated wire: a parameter unfrozen at step 4 trains from then on; one frozen at step 10 stays
     exactly where the re-plan left it (its steps before the freeze land in that step's final round; no later
     landing moves it); a group added at step 6 trains."""
-    _, _, history = run_with_changes(lambda params: FlexDeMo(params, lr=3e-3, replicator="none", **MODES[mode]))
+    _, _, history = run_with_changes(
+        lambda params: FlexDeMo(params, **from_knobs({"lr": 3e-3, "replicator": "none", **MODES[mode]})))
     frozen, unfrozen = "0.bias", "2.weight"
     assert all(torch.equal(history[step][unfrozen], history[0][unfrozen]) for step in range(4))
     assert not torch.equal(history[-1][unfrozen], history[3][unfrozen])
@@ -123,7 +125,8 @@ def test_fewer_trainable_tensors_than_fragments_train(tensors):
     trainable = [p for p in model.parameters()][-tensors:]
     for p in model.parameters():
         p.requires_grad_(any(p is q for q in trainable))
-    opt = FlexDeMo(trainable, lr=3e-3, replicator="none", drift_check_every=3)
+    opt = FlexDeMo(trainable, lr=3e-3, compression=CompressionPolicy(replicator="none"),
+                   guards=GuardPolicy(drift_check_every=3))
     start = [p.detach().clone() for p in trainable]
     with pytest.warns(UserWarning, match=rf"outer_fragments=4 with {tensors} trainable tensor\(s\); the rounds run "
                                          rf"in {2 if tensors > 1 else 1} fragment"):
@@ -136,7 +139,7 @@ def test_finish_lands_the_exchange_in_flight_and_leaves_the_anchor_as_the_parame
     """On the emulated wire, mid-round with one fragment's exchange in flight: after ``finish()`` nothing is in
     flight, and the consensus the Trainer evaluates and saves is the parameters themselves."""
     model = mlp()
-    opt = FlexDeMo(model.parameters(), lr=3e-3, replicator="none")
+    opt = FlexDeMo(model.parameters(), lr=3e-3, compression=CompressionPolicy(replicator="none"))
     for step in range(5):
         train_step(model, opt, step)
     opt.finish()

@@ -18,6 +18,7 @@ from transformers.utils import logging as hf_logging
 from hf_flexdemo import FlexDeMo, FlexDeMoConfig, FlexDeMoTrainer
 from hf_flexdemo.comm_metrics import CommMetricsCallback
 from hf_flexdemo.mesh import REPLICATE_SIZE_ENV, SHARD_SIZE_ENV, UNSUPPORTED_SIZE_ENV
+from hf_flexdemo.policies import from_knobs
 from hf_flexdemo.topology import Topology
 from hf_flexdemo.trainer import as_config, describe_setup, logger
 
@@ -96,7 +97,7 @@ def test_a_knob_that_would_do_nothing_is_refused_as_outer_fragments_is(knobs, fi
     with pytest.raises(ValueError, match=message):
         FlexDeMoConfig(**knobs)
     with pytest.raises(ValueError, match=message):
-        FlexDeMo([torch.nn.Parameter(torch.zeros(4, 4))], **knobs)
+        FlexDeMo([torch.nn.Parameter(torch.zeros(4, 4))], **from_knobs(knobs))
 
 
 def test_the_knobs_those_refusals_need_still_take_them():

@@ -9,7 +9,6 @@ parameters just before each check, and the collectives, host syncs and bytes of 
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 from unittest import mock
 
@@ -20,10 +19,14 @@ from optimizer_worker import mlp, mlp_loss, train_perturbed
 
 from hf_flexdemo import FlexDeMo, build_hybrid_mesh, guards, shard_model
 from hf_flexdemo.launch import unlike_inverse_dct
+from hf_flexdemo.policies import from_knobs
+
 
 # FlexDeMo in its step-wise mode (an exchange every step), which these tests pin; a local_steps= argument
 # overrides it.
-step_wise = functools.partial(FlexDeMo, local_steps=1)
+def step_wise(params, **knobs):
+    """FlexDeMo in the step-wise mode, its knobs spelt flat (FlexDeMoConfig's names)."""
+    return FlexDeMo(params, **from_knobs({"local_steps": 1, **knobs}))
 
 LR, EVERY = 3e-3, 20
 

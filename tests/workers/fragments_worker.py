@@ -11,6 +11,7 @@ from habits_worker import batch, finished, full, main, sharded, through_bytes
 from optimizer_worker import local
 
 from hf_flexdemo import FlexDeMo
+from hf_flexdemo.policies import CompressionPolicy, GuardPolicy, OuterPolicy, from_knobs
 
 
 def _train(model, opt, steps) -> None:
@@ -26,8 +27,9 @@ def case_landings(args) -> dict:
     model, group = sharded()
     names = {id(p): n for n, p in model.named_parameters()}
     opt = FlexDeMo(model.parameters(), lr=1e-3, replicate_group=group, local_steps=int(args.local_steps),
-                   outer_fragments=int(args.fragments), outer_delay=int(args.outer_delay), compression_rate=0.25,
-                   compression_chunk=8, value_dtype="int2", drift_check_every=0)
+                   outer=OuterPolicy(fragments=int(args.fragments), delay=int(args.outer_delay)),
+                   compression=CompressionPolicy(rate=0.25, chunk=8, value_dtype="int2"),
+                   guards=GuardPolicy(drift_check_every=0))
     landings: list[dict] = []
 
     def spy(stacks, *, clean, __restart=opt.mode._restart):
@@ -58,7 +60,7 @@ def case_resume(args) -> dict:
                   outer_momentum=0.9, compression_rate=0.25, compression_chunk=8, drift_check_every=1)
     model, group = sharded()
     names = {id(p): n for n, p in model.named_parameters()}
-    straight = FlexDeMo(model.parameters(), replicate_group=group, **kwargs)
+    straight = FlexDeMo(model.parameters(), replicate_group=group, **from_knobs(kwargs))
     checks: list = []
 
     def spy(only=None, __check=straight.check_drift):
@@ -73,7 +75,7 @@ def case_resume(args) -> dict:
     straight.finish()  # the last step's exchange in flight (see finished())
 
     model, group = sharded()
-    first = FlexDeMo(model.parameters(), replicate_group=group, **kwargs)
+    first = FlexDeMo(model.parameters(), replicate_group=group, **from_knobs(kwargs))
     _train(model, first, range(5))
     saved = through_bytes(first.state_dict())
     index_names = [n for n, _ in model.named_parameters()]

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import functools
 import io
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,10 +22,14 @@ from torch.distributed.tensor import DTensor
 
 from hf_flexdemo import FlexDeMo, build_hybrid_mesh, shard_model
 from hf_flexdemo.mesh import init_process_group
+from hf_flexdemo.policies import from_knobs
+
 
 # FlexDeMo in its step-wise mode (an exchange every step), which these tests pin; a local_steps= argument
 # overrides it.
-step_wise = functools.partial(FlexDeMo, local_steps=1)
+def step_wise(params, **knobs):
+    """FlexDeMo in the step-wise mode, its knobs spelt flat (FlexDeMoConfig's names)."""
+    return FlexDeMo(params, **from_knobs({"local_steps": 1, **knobs}))
 
 COLLECTIVES = ("all_reduce", "all_gather_single", "all_gather_into_tensor", "all_gather", "broadcast",
                "all_gather_object", "reduce_scatter_tensor", "barrier", "all_to_all_single", "send", "recv")

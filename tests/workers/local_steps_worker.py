@@ -12,6 +12,7 @@ from habits_worker import batch, finished, full, main, observed, sharded, throug
 from optimizer_worker import local, mlp, mlp_loss
 
 from hf_flexdemo import FlexDeMo, build_hybrid_mesh, shard_model
+from hf_flexdemo.policies import CompressionPolicy, GuardPolicy, OuterPolicy, from_knobs
 
 NODES = ((0, 1), (2, 3))  # global ranks, node-major
 
@@ -35,7 +36,8 @@ def case_averaging(args) -> dict:
     shard_model(model, mesh)
     lr, wd = 0.05, 0.1
     opt = FlexDeMo(model.parameters(), lr=lr, weight_decay=wd, replicate_group=mesh["dp_replicate"].get_group(),
-                   replicator="full", local_steps=rounds, drift_check_every=1, overlap="none")
+                   local_steps=rounds, overlap="none", compression=CompressionPolicy(replicator="full"),
+                   guards=GuardPolicy(drift_check_every=1))
     inner = [torch.optim.AdamW(r.parameters(), lr=lr, weight_decay=wd) for r in replicas]
     for step in range(steps):
         mlp_loss(model, step, dist.get_rank()).backward()
@@ -64,8 +66,9 @@ def case_habits(args) -> dict:
     shard_size = {"2x2": 2, "1x4": 1}[args.topology]
     model, group = sharded(shard_size)
     opt = FlexDeMo(model.parameters(), lr=1e-3, replicate_group=group, local_steps=int(args.local_steps),
-                   compression_rate=0.25, compression_chunk=8, value_dtype=args.value_dtype, drift_check_every=0,
-                   overlap=args.overlap, outer_delay=int(args.outer_delay), outer_fragments=1)
+                   overlap=args.overlap,
+                   compression=CompressionPolicy(rate=0.25, chunk=8, value_dtype=args.value_dtype),
+                   guards=GuardPolicy(drift_check_every=0), outer=OuterPolicy(delay=int(args.outer_delay), fragments=1))
     logs, stats, after_exchange = [], [], []
     for step in range(3 * int(args.local_steps)):  # the first round unobserved: it creates the state
         model(**batch(step, dist.get_rank())).loss.backward()
@@ -103,12 +106,12 @@ def case_resume(args) -> dict:
             opt.zero_grad()
 
     model, group = sharded()
-    straight = FlexDeMo(model.parameters(), replicate_group=group, **kwargs)
+    straight = FlexDeMo(model.parameters(), replicate_group=group, **from_knobs(kwargs))
     train(model, straight, range(2 * rounds))
     expected = {n: full(p) for n, p in model.named_parameters()}
     straight.finish()  # streamed (overlap="delayed"): the last round's exchange in flight
     model, group = sharded()
-    first = FlexDeMo(model.parameters(), replicate_group=group, **kwargs)
+    first = FlexDeMo(model.parameters(), replicate_group=group, **from_knobs(kwargs))
     train(model, first, range(rounds + 1))
     saved = through_bytes(first.state_dict())
     with torch.no_grad():
@@ -125,7 +128,8 @@ def case_nonfinite(args) -> dict:
     """The defaults (streamed local steps): rank 1's gradient is NaN at step ``bad``; every rank skips that round
     once and trains on. The anchors (what replicas share) after it and at the end, and whether all state is finite."""
     model, group = sharded()
-    opt = FlexDeMo(model.parameters(), replicate_group=group, lr=1e-3, compression_chunk=8, drift_check_every=1)
+    opt = FlexDeMo(model.parameters(), replicate_group=group, lr=1e-3, compression=CompressionPolicy(chunk=8),
+                   guards=GuardPolicy(drift_check_every=1))
     rounds, anchors = opt.options["local_steps"], []
     for step in range(4 * rounds):
         model(**batch(step, dist.get_rank())).loss.backward()

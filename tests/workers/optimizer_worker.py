@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import functools
 import io
 from pathlib import Path
 
@@ -17,10 +16,14 @@ from torch.distributed.tensor import DTensor
 
 from hf_flexdemo import FlexDeMo, build_hybrid_mesh, shard_model
 from hf_flexdemo.mesh import init_process_group
+from hf_flexdemo.policies import from_knobs
+
 
 # FlexDeMo in its step-wise mode (an exchange every step), which these tests pin; a local_steps= argument
 # overrides it.
-step_wise = functools.partial(FlexDeMo, local_steps=1)
+def step_wise(params, **knobs):
+    """FlexDeMo in the step-wise mode, its knobs spelt flat (FlexDeMoConfig's names)."""
+    return FlexDeMo(params, **from_knobs({"local_steps": 1, **knobs}))
 
 
 def t5_batch(step: int, rank: int) -> dict[str, torch.Tensor]:
@@ -97,7 +100,7 @@ def case_dense_limit(args) -> dict:
     shard_model(model, mesh)
     lr, wd = 0.05, 0.1
     opt = step_wise(model.parameters(), lr=lr, weight_decay=wd, replicate_group=mesh["dp_replicate"].get_group(),
-                   compression_topk=64 * 64, compression_decay=0.0 if args.replicator == "demo" else 0.9,
+                   compression_topk=64 * 64, momentum_decay=0.0 if args.replicator == "demo" else 0.9,
                    update=args.update, replicator=args.replicator, value_dtype="float32", momentum="lr")
     dense = {"sgd": torch.optim.SGD(reference.parameters(), lr=lr, weight_decay=0.0),
              "adamw": torch.optim.AdamW(reference.parameters(), lr=lr, weight_decay=wd),
@@ -142,7 +145,7 @@ def case_reference(args) -> dict:
     lr = {"sign": 0.01, "sgd": 0.5, "adamw": 0.01}[args.update]
     topk, chunk, decay = 3, 4, 0.9
     opt = step_wise(model.parameters(), lr=lr, replicate_group=replicas.get_group(), compression_topk=topk,
-                   compression_chunk=chunk, compression_decay=decay, update=args.update, value_dtype="float32",
+                   compression_chunk=chunk, momentum_decay=decay, update=args.update, value_dtype="float32",
                    momentum="lr", consensus=args.consensus,  # DeMo's momentum, as the reference computes it
                    replicator="none" if replicas.size() == 1 else "demo")  # one node: the wire emulated
     params = [local(p) for p in model.parameters()]

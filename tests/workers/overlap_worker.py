@@ -6,19 +6,21 @@ and without overlap, the collectives issued during backward and during step(), t
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.distributed as dist
 from habits_worker import batch, finished, full, main, observed, sharded, through_bytes
 from torch import nn
 
 from hf_flexdemo import FlexDeMo
+from hf_flexdemo.policies import BudgetPolicy, CompressionPolicy, GuardPolicy, from_knobs
 from hf_flexdemo.replicators import exchange_bytes
+
 
 # FlexDeMo in its step-wise mode (an exchange every step), which these tests pin; a local_steps= argument
 # overrides it.
-step_wise = functools.partial(FlexDeMo, local_steps=1)
+def step_wise(params, **knobs):
+    """FlexDeMo in the step-wise mode, its knobs spelt flat (FlexDeMoConfig's names)."""
+    return FlexDeMo(params, **from_knobs({"local_steps": 1, **knobs}))
 
 SMALL_BUCKETS = 0.02  # MB: the tiny T5 falls into several exchange buckets
 
@@ -125,8 +127,9 @@ def case_budget_bytes_local(args) -> dict:
     """The defaults (8 local steps in 4 fragments, int2) under ``budget_bytes``: what each step sent over a
     round, and each fragment's exchange bytes at the chosen rate and at a 5 % larger one."""
     model, group = sharded()
-    opt = FlexDeMo(model.parameters(), lr=3e-3, replicate_group=group, budget_bytes=int(args.budget),
-                   compression_chunk=8, drift_check_every=0)  # the exchanges' bytes alone
+    # drift checks off: the exchanges' bytes alone
+    opt = FlexDeMo(model.parameters(), lr=3e-3, replicate_group=group, budget=BudgetPolicy(bytes=int(args.budget)),
+                   compression=CompressionPolicy(chunk=8), guards=GuardPolicy(drift_check_every=0))
     logs: list = []
     train(model, opt, range(8), logs=logs)
     fragments = [[tuple(p.to_local().shape) for p in members] for members in opt.mode.members]
