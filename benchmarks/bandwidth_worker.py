@@ -31,14 +31,14 @@ from transformers import T5Config, T5ForConditionalGeneration
 
 from hf_flexdemo import FlexDeMo, build_hybrid_mesh, shard_model
 from hf_flexdemo.policies import from_knobs
-from hf_flexdemo.replicate import dense_allreduce_bytes
-from hf_flexdemo.tiny_t5 import T5_VOCAB_SIZE, named_t5_config
+from hf_flexdemo.seq2seq.tiny_t5 import T5_VOCAB_SIZE, named_t5_config
+from hf_flexdemo.wire.collectives import dense_allreduce_bytes
 
 METHODS = ("adamw", "demo", "flexdemo", "flexdemo_step_wise", "flexdemo_backward", "flexdemo_delayed",
            "flexdemo_random", "flexdemo_budget", "flexdemo_full", "compute_only", "flexdemo_budget_backward",
            "flexdemo_budget_delayed")
 DEFAULT_METHODS = METHODS[:-2]  # the time budget with overlap="backward" / "delayed": on request only
-# --model -> (configuration name of hf_flexdemo.tiny_t5, where the published shapes are; vocabulary size)
+# --model -> (configuration name of hf_flexdemo.seq2seq.tiny_t5, where the published shapes are; vocabulary size)
 MODEL_SHAPES = {"t5-small": ("t5-small", T5_VOCAB_SIZE), "t5-tiny": ("tiny", 4096)}
 NODES = 2
 RANKS_PER_NODE = 2

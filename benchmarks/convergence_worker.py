@@ -1,7 +1,7 @@
 """One convergence run (one method, one learning rate) on every rank of a ``torchrun`` job; see ``convergence.py``.
 
 Data, tokenizer, model and metrics come from the package modules the T5 recipe uses
-(``hf_flexdemo.seq2seq_data``, ``seq2seq_model``, ``seq2seq_metrics``), so the benchmark trains exactly what a
+(``hf_flexdemo.seq2seq.data``, ``seq2seq_model``, ``seq2seq_metrics``), so the benchmark trains exactly what a
 user of the recipe trains. Evaluation loss is logged every ``--eval_steps``
 (and at step 0); BLEU and chrF are computed once at the end by greedy generation on the first
 ``--bleu_samples`` validation pairs. Rank 0 writes the log history and the final scores to ``--out``.
@@ -30,13 +30,13 @@ from transformers import (
     set_seed,
 )
 
-from hf_flexdemo.comm_metrics import unwrap_optimizer
-from hf_flexdemo.config import METHODS
-from hf_flexdemo.replicate import dense_allreduce_bytes
-from hf_flexdemo.seq2seq_data import DataTrainingArguments, load_raw_datasets, tokenize_splits
-from hf_flexdemo.seq2seq_metrics import Seq2SeqMetrics
-from hf_flexdemo.seq2seq_model import ModelArguments, build_trainer, load_tokenizer
-from hf_flexdemo.tiny_t5 import tiny_t5_config
+from hf_flexdemo.seq2seq.data import DataTrainingArguments, load_raw_datasets, tokenize_splits
+from hf_flexdemo.seq2seq.metrics import Seq2SeqMetrics
+from hf_flexdemo.seq2seq.model import ModelArguments, build_trainer, load_tokenizer
+from hf_flexdemo.seq2seq.tiny_t5 import tiny_t5_config
+from hf_flexdemo.trainer.comm_metrics import unwrap_optimizer
+from hf_flexdemo.trainer.config import METHODS
+from hf_flexdemo.wire.collectives import dense_allreduce_bytes
 
 TASK = "translation"
 REPORTED_ARGS = ("learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay", "max_grad_norm", "adam_beta1",

@@ -78,7 +78,7 @@ from transformers import T5ForConditionalGeneration
 from hf_flexdemo import FlexDeMo, build_hybrid_mesh, shard_model
 from hf_flexdemo.knobs import DEFAULT_CHUNK, DEFAULT_RATE
 from hf_flexdemo.policies import from_knobs
-from hf_flexdemo.tiny_t5 import T5_VOCAB_SIZE, named_t5_config
+from hf_flexdemo.seq2seq.tiny_t5 import T5_VOCAB_SIZE, named_t5_config
 
 HERE = Path(__file__).resolve().parent
 NPROC = 2
@@ -86,7 +86,7 @@ LR = 1e-3
 # FlexDeMo at the package defaults; the reference at the same density (its fixed top-k per chunk x chunk block).
 CHUNK = DEFAULT_CHUNK
 TOPK = round(DEFAULT_RATE * CHUNK * CHUNK)
-# --model: a configuration name of hf_flexdemo.tiny_t5 (published shapes there) -> vocabulary size
+# --model: a configuration name of hf_flexdemo.seq2seq.tiny_t5 (published shapes there) -> vocabulary size
 MODELS = {"t5-small": T5_VOCAB_SIZE, "tiny": 4096}
 METHODS = ("adamw", "adamw_foreach", "flexdemo", "flexdemo_one_round", "flexdemo_step_wise", "reference",
            "flexdemo_sharded")

@@ -29,7 +29,7 @@ from hf_flexdemo import FlexDeMo
 from hf_flexdemo.knobs import DRIFT_ACTIONS, UPDATES
 from hf_flexdemo.launch import unlike_inverse_dct
 from hf_flexdemo.policies import CompressionPolicy, GuardPolicy, StepRulePolicy
-from hf_flexdemo.tiny_t5 import tiny_t5_config
+from hf_flexdemo.seq2seq.tiny_t5 import tiny_t5_config
 
 VOCAB = 32
 

@@ -14,18 +14,18 @@ Local steps: FlexDeMo exchanges once every ``--local_steps`` H steps (the packag
 are a round's divided by H (amortised; AdamW-HSDP reduces every step), and ``value_dtype="auto"`` and
 ``--outer_fragments`` (default: the package's choice, 4 with the default local steps) resolve as the optimizer
 resolves them (int2 for demo with local steps, float8 step-wise). With F fragments a round is F exchanges, one per
-fragment (``hf_flexdemo.local_steps.partition`` of the parameters' full sizes, as the optimizer splits them), each
+fragment (``hf_flexdemo.optim.local_steps.partition`` of the parameters' full sizes, as the optimizer splits them), each
 counted by the formulas below over its own shards, flag included: a round sends F - 1 more flags than F = 1.
 
-Model: the published T5-small shape (``hf_flexdemo.tiny_t5.named_t5_config("t5-small", T5_VOCAB_SIZE)``,
+Model: the published T5-small shape (``hf_flexdemo.seq2seq.tiny_t5.named_t5_config("t5-small", T5_VOCAB_SIZE)``,
 60.5 M parameters, tied embeddings counted once), built on the meta device. FSDP2 shards dim 0 of every
 parameter over ``--shard_size`` processes per node with ``torch.chunk``; rank 0's shard is the largest
 (``ceil(dim0 / shard_size)`` rows, the padded size FSDP2 communicates). Compression: the package defaults
-(``hf_flexdemo.optimizer.DEFAULT_RATE``, ``DEFAULT_CHUNK``) unless ``--rate``/``--chunk`` are given.
+(``hf_flexdemo.optim.optimizer.DEFAULT_RATE``, ``DEFAULT_CHUNK``) unless ``--rate``/``--chunk`` are given.
 
-Formulas (ring algorithms, counted as ``hf_flexdemo/replicate.py`` counts them; per rank, per step; the
+Formulas (ring algorithms, counted as ``hf_flexdemo/wire/collectives.py`` counts them; per rank, per step; the
 sums run over the rank's non-empty local shards; ``//`` is integer division as in
-``hf_flexdemo.replicate.dense_allreduce_bytes``):
+``hf_flexdemo.wire.collectives.dense_allreduce_bytes``):
 
 * ``demo`` -- one all-gather of the packed payload::
 
@@ -69,14 +69,15 @@ from typing import Any
 import harness
 import torch
 
-from hf_flexdemo import compression, knobs
-from hf_flexdemo.compression import VALUE_DTYPES
-from hf_flexdemo.dct import BlockLayout
+from hf_flexdemo import knobs
 from hf_flexdemo.knobs import DEFAULT_CHUNK, DEFAULT_RATE
-from hf_flexdemo.local_steps import partition
-from hf_flexdemo.replicate import dense_allreduce_bytes
-from hf_flexdemo.replicators import exchange_bytes
-from hf_flexdemo.tiny_t5 import T5_CONFIG_NAMES, T5_VOCAB_SIZE, named_t5_config
+from hf_flexdemo.optim.local_steps import partition
+from hf_flexdemo.seq2seq.tiny_t5 import T5_CONFIG_NAMES, T5_VOCAB_SIZE, named_t5_config
+from hf_flexdemo.wire import compression
+from hf_flexdemo.wire.collectives import dense_allreduce_bytes
+from hf_flexdemo.wire.compression import VALUE_DTYPES
+from hf_flexdemo.wire.dct import BlockLayout
+from hf_flexdemo.wire.replicators import exchange_bytes
 
 HERE = Path(__file__).resolve().parent
 REPLICATORS = ("demo", "random", "full", "adamw")
@@ -106,7 +107,7 @@ def bytes_per_rank(replicator: str, local_shapes: list[tuple[int, ...]], replica
                    value_dtype: str = "bfloat16") -> int:
     """Bytes one rank sends across nodes in one optimizer step (the formulas of the module docstring).
 
-    FlexDeMo's replicators are counted by ``hf_flexdemo.replicators.exchange_bytes``, the function the optimizer's
+    FlexDeMo's replicators are counted by ``hf_flexdemo.wire.replicators.exchange_bytes``, the function the optimizer's
     counters are tested against; ``"adamw"`` is AdamW-HSDP's dense fp32 all-reduce of the same shards.
     """
     if replicator != "adamw":
@@ -149,7 +150,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config_name", default="t5-small", choices=T5_CONFIG_NAMES,
-                        help="a published T5 shape (hf_flexdemo.tiny_t5), vocab T5_VOCAB_SIZE")
+                        help="a published T5 shape (hf_flexdemo.seq2seq.tiny_t5), vocab T5_VOCAB_SIZE")
     parser.add_argument("--shard_size", type=int, default=8, help="processes per node (FSDP2 group size)")
     parser.add_argument("--nodes", type=int, nargs="+", default=list(DEFAULT_NODES), help="values of R")
     parser.add_argument("--rate", type=float, default=DEFAULT_RATE, help="compression_rate (package default)")

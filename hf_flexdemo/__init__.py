@@ -10,15 +10,15 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .config import FlexDeMoConfig
-from .mesh import build_hybrid_mesh, resolve_shard_size, shard_model
-from .optimizer import FlexDeMo
+from .optim.mesh import build_hybrid_mesh, resolve_shard_size, shard_model
+from .optim.optimizer import FlexDeMo
 from .policies import BudgetPolicy, CompressionPolicy, GuardPolicy, OuterPolicy, StepRulePolicy
+from .trainer.config import FlexDeMoConfig
 
 if TYPE_CHECKING:
-    from .trainer import FlexDeMoSeq2SeqTrainer, FlexDeMoTrainer
+    from .trainer.trainer import FlexDeMoSeq2SeqTrainer, FlexDeMoTrainer
 
-_LAZY = {"FlexDeMoTrainer": "trainer", "FlexDeMoSeq2SeqTrainer": "trainer"}
+_LAZY = {"FlexDeMoTrainer": "trainer.trainer", "FlexDeMoSeq2SeqTrainer": "trainer.trainer"}
 
 __all__ = [
     "BudgetPolicy",

@@ -21,10 +21,10 @@ import time
 import torch
 import torch.distributed as dist
 
-from .guards import hardware
 from .knobs import DEFAULTS, DRIFT_ACTIONS
-from .mesh import build_hybrid_mesh, default_device_type
-from .replicate import all_gather_into
+from .optim.guards import hardware
+from .optim.mesh import build_hybrid_mesh, default_device_type
+from .wire.collectives import all_gather_into
 
 
 def _timed(fn, repeats: int) -> float:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 Update = Literal["sign", "sgd", "adamw", "rmsprop"]
-Replicator = Literal["demo", "random", "full", "none"]
+ReplicatorName = Literal["demo", "random", "full", "none"]
 Momentum = Literal["lr", "ema", "avg", "adam"]
 Overlap = Literal["auto", "none", "backward", "delayed"]
 Consensus = Literal["choosers", "replicas"]
@@ -32,7 +32,7 @@ Preset = Literal["default", "step-wise", "flexdemo-paper", "demo-paper"]
 Transform = Literal["auto", "dct", "none"]
 Mode = Literal["local", "step-wise"]
 
-REPLICATORS: tuple[str, ...] = get_args(Replicator)
+REPLICATORS: tuple[str, ...] = get_args(ReplicatorName)
 UPDATES: tuple[str, ...] = get_args(Update)
 DRIFT_ACTIONS: tuple[str, ...] = get_args(DriftAction)
 
@@ -117,7 +117,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("compression_feedback", 1.0, float, "Fraction in (0, 1] of the sent signal that error feedback removes from "
          "what is kept back.", per_group=True, policy="compression", field="feedback",
          ok=lambda v: _number(v) and 0.0 < v <= 1.0, accepted="a float in (0, 1]"),
-    Knob("replicator", "demo", Replicator, "Cross-node exchange: demo (top-k per block with a bitmask or indices, "
+    Knob("replicator", "demo", ReplicatorName, "Cross-node exchange: demo (top-k per block with a bitmask or indices, "
          "all-gather), random (shared random positions, all-reduce of the values), full (dense average), none (one "
          "node: emulates demo's wire; any other replicator on one node trains as its dense limit, torch's AdamW at "
          "the defaults).", policy="compression", field="replicator"),
@@ -204,7 +204,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("drift_tolerance", 2.0, float, "on_drift='tolerate': the largest difference between replicas, per "
          "parameter, in steps: drift_tolerance * (lr + eps * max|p|), lr the group's peak learning rate and eps that "
          "of the parameter's dtype. 2 lets a sign update flip where the consensus is within rounding of 0; last-bit "
-         "rounding measured ~1e-4 of it.", policy="guards", field="drift_tolerance",
+         "rounding stays orders of magnitude below it (docs/results.md).", policy="guards", field="drift_tolerance",
          ok=lambda v: _number(v) and v > 0, accepted="a float > 0 (learning-rate steps, see HELP)"),
 )
 BY_NAME: dict[str, Knob] = {knob.name: knob for knob in KNOBS}

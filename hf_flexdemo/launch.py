@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from .dct import BlockLayout
+from .wire.dct import BlockLayout
 
 __all__ = ["Job", "cpu_env", "free_port", "run_commands", "run_local", "torchrun_command", "unlike_inverse_dct"]
 

@@ -1,4 +1,5 @@
-"""The option groups of :class:`~hf_flexdemo.optimizer.FlexDeMo`, as ``fully_shard`` groups its options in policies.
+"""The option groups of :class:`~hf_flexdemo.optim.optimizer.FlexDeMo`, as ``fully_shard`` groups its options in
+policies.
 
 Each policy is a frozen dataclass built from the knob table (:data:`hf_flexdemo.knobs.KNOBS`): its fields are the
 table's knobs of that policy, with their defaults and help. ``FlexDeMo`` takes ``compression``, ``outer``,

@@ -1,10 +1,10 @@
 """The T5 sequence-to-sequence recipe shared by ``t5_translation.py`` and ``t5_summarization.py``.
 
 Hugging Face's ``run_translation.py`` / ``run_summarization.py``, trained by ``FlexDeMoSeq2SeqTrainer``.
-Arguments: ``ModelArguments`` (``hf_flexdemo.seq2seq_model``), ``DataTrainingArguments``
-(``hf_flexdemo.seq2seq_data``, which also lists the data sources), ``Seq2SeqTrainingArguments`` and
+Arguments: ``ModelArguments`` (``hf_flexdemo.seq2seq.model``), ``DataTrainingArguments``
+(``hf_flexdemo.seq2seq.data``, which also lists the data sources), ``Seq2SeqTrainingArguments`` and
 ``FlexDeMoConfig``, from ``--config run.yaml`` (or ``.json``) and the command line, which overrides the
-file (``hf_flexdemo.arguments``); under both, the recipe's defaults (``recipe_defaults``). With no data
+file (``hf_flexdemo.seq2seq.arguments``); under both, the recipe's defaults (``recipe_defaults``). With no data
 argument (translation only), English -> French number words and a whole quick job on which a tiny T5
 visibly learns in minutes on a CPU.
 
@@ -37,9 +37,9 @@ from transformers import (
 )
 
 from hf_flexdemo import FlexDeMoConfig, FlexDeMoSeq2SeqTrainer, knobs
-from hf_flexdemo.arguments import ConfigArgumentParser, bad_input_exits, from_values
 from hf_flexdemo.knobs import DEFAULT_RATE
-from hf_flexdemo.seq2seq_data import (
+from hf_flexdemo.seq2seq.arguments import ConfigArgumentParser, bad_input_exits, from_values
+from hf_flexdemo.seq2seq.data import (
     PRESETS,
     TASKS,
     DataTrainingArguments,
@@ -49,8 +49,8 @@ from hf_flexdemo.seq2seq_data import (
     source_and_target_texts,
     tokenize_splits,
 )
-from hf_flexdemo.seq2seq_metrics import Seq2SeqMetrics, decode_texts
-from hf_flexdemo.seq2seq_model import ModelArguments, build_trainer, load_model, load_tokenizer
+from hf_flexdemo.seq2seq.metrics import Seq2SeqMetrics, decode_texts
+from hf_flexdemo.seq2seq.model import ModelArguments, build_trainer, load_model, load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -357,6 +357,6 @@ def main(task: str) -> None:
 
 def cli(task: str) -> None:
     """``main`` as a command: bad input ends the job with one ``error: <message>`` line (rank 0's) and a non-zero exit
-    on every rank (:func:`hf_flexdemo.arguments.bad_input_exits`; ``HF_FLEXDEMO_TRACEBACK=1``: the traceback)."""
+    on every rank (``bad_input_exits``; ``HF_FLEXDEMO_TRACEBACK=1``: the traceback)."""
     with bad_input_exits():
         main(task)

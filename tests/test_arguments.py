@@ -1,4 +1,4 @@
-"""``hf_flexdemo.arguments.ConfigArgumentParser``: defaults < ``--config`` file < command-line flags."""
+"""``hf_flexdemo.seq2seq.arguments.ConfigArgumentParser``: defaults < ``--config`` file < command-line flags."""
 
 import argparse
 from dataclasses import dataclass, field, make_dataclass
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from hf_flexdemo import arguments
-from hf_flexdemo.arguments import ConfigArgumentParser, bad_input_exits, from_values
+from hf_flexdemo.seq2seq import arguments
+from hf_flexdemo.seq2seq.arguments import ConfigArgumentParser, bad_input_exits, from_values
 
 
 @dataclass

@@ -2,8 +2,8 @@
 
 import pytest
 
-from hf_flexdemo.budget import MAX_STEP_FACTOR, next_rate, rate_for_bytes
-from hf_flexdemo.compression import kept_per_block
+from hf_flexdemo.optim.budget import MAX_STEP_FACTOR, next_rate, rate_for_bytes
+from hf_flexdemo.wire.compression import kept_per_block
 
 
 def _bytes(rate: float, blocks: int = 1000, block: int = 64) -> int:

@@ -6,8 +6,8 @@ import sys
 import pytest
 import torch
 
-from hf_flexdemo import compression
-from hf_flexdemo.dct import BlockLayout
+from hf_flexdemo.wire import compression
+from hf_flexdemo.wire.dct import BlockLayout
 
 
 def _coefficients(x: torch.Tensor, layout: BlockLayout) -> torch.Tensor:
@@ -171,8 +171,8 @@ def test_own_row_added_by_index_gives_the_bits_of_its_bitmask(consensus, replica
 
 _DECODE_64 = """
 import resource, sys, torch
-from hf_flexdemo import compression
-from hf_flexdemo.dct import BlockLayout
+from hf_flexdemo.wire import compression
+from hf_flexdemo.wire.dct import BlockLayout
 torch.manual_seed(0)
 chunk, rate, value_dtype, replicas = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3], 64
 layout = BlockLayout.for_shape((512, 2048), chunk)  # 1M elements

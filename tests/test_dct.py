@@ -4,7 +4,7 @@ import pytest
 import scipy.fft
 import torch
 
-from hf_flexdemo.dct import BlockLayout, dct_basis, largest_divisor
+from hf_flexdemo.wire.dct import BlockLayout, dct_basis, largest_divisor
 
 
 def _dct(x: torch.Tensor, layout: BlockLayout) -> torch.Tensor:

@@ -71,7 +71,7 @@ def test_the_configuration_page_has_every_knob_and_field():
     import dataclasses
 
     from hf_flexdemo import knobs
-    from hf_flexdemo.config import FlexDeMoConfig
+    from hf_flexdemo.trainer.config import FlexDeMoConfig
 
     page = (DOCS / "configuration.md").read_text()
     names = {*knobs.DEFAULTS, *(field.name for field in dataclasses.fields(FlexDeMoConfig))}

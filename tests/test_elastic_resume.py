@@ -16,7 +16,7 @@ import safetensors.torch
 import torch
 from launch import run_worker
 
-from hf_flexdemo.reshard import assemble
+from hf_flexdemo.optim.reshard import assemble
 
 pytestmark = pytest.mark.multiprocess
 

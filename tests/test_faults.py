@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from launch import WORKERS, free_port, torchrun
 
-from hf_flexdemo import checkpoint
+from hf_flexdemo.trainer import checkpoint
 
 pytestmark = pytest.mark.multiprocess
 TIMEOUT = 15

@@ -6,9 +6,10 @@ receivers decode is exactly what the sender's error feedback subtracts."""
 import pytest
 import torch
 
-from hf_flexdemo import FlexDeMo, compression
-from hf_flexdemo.dct import BlockLayout
+from hf_flexdemo import FlexDeMo
 from hf_flexdemo.policies import from_knobs
+from hf_flexdemo.wire import compression
+from hf_flexdemo.wire.dct import BlockLayout
 
 
 # FlexDeMo in its step-wise mode (an exchange every step), which these tests pin; a local_steps= argument

@@ -10,7 +10,7 @@ import pytest
 import torch
 from launch import run_worker
 
-from hf_flexdemo.trainer import T5_VIEW_WARNING, ignore_t5_view_warning
+from hf_flexdemo.trainer.trainer import T5_VIEW_WARNING, ignore_t5_view_warning
 
 FSDP_STATE = "torch.distributed.fsdp._fully_shard._fsdp_state"  # where FSDP2 raises it (stacklevel 2: its caller)
 TAIL = " returned a view tensor. An in-place op on this view (e.g., `x += y`) will silently drop the pre-backward hook"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hf_flexdemo import FlexDeMo, FlexDeMoConfig, knobs, policies
-from hf_flexdemo.replicators import REGISTRY, Replicator
+from hf_flexdemo.wire.replicators import REGISTRY, Replicator
 
 
 def test_every_replicator_name_has_one_registered_class():

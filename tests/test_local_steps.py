@@ -9,10 +9,12 @@ import pytest
 import torch
 from torch import nn
 
-from hf_flexdemo import FlexDeMo, FlexDeMoConfig, compression, knobs, local_steps, quantize
-from hf_flexdemo.dct import BlockLayout
+from hf_flexdemo import FlexDeMo, FlexDeMoConfig, knobs
+from hf_flexdemo.optim import local_steps
 from hf_flexdemo.policies import CompressionPolicy, OuterPolicy, from_knobs
-from hf_flexdemo.replicate import pack, unpack
+from hf_flexdemo.wire import compression, quantize
+from hf_flexdemo.wire.collectives import pack, unpack
+from hf_flexdemo.wire.dct import BlockLayout
 
 WIDTHS = ("float32", "bfloat16", "float8", "int4", "int2")
 

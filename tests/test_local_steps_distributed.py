@@ -9,7 +9,7 @@ import torch
 from launch import run_worker
 from test_step_habits import GATHER, _crosses_nodes
 
-from hf_flexdemo.replicators import exchange_bytes
+from hf_flexdemo.wire.replicators import exchange_bytes
 
 pytestmark = pytest.mark.multiprocess
 

@@ -3,8 +3,8 @@
 import pytest
 import torch.distributed as dist
 
-from hf_flexdemo.mesh import SHARD_SIZE_ENV, build_hybrid_mesh, resolve_shard_size
-from hf_flexdemo.topology import Topology
+from hf_flexdemo.optim.mesh import SHARD_SIZE_ENV, build_hybrid_mesh, resolve_shard_size
+from hf_flexdemo.trainer.topology import Topology
 
 
 @pytest.fixture

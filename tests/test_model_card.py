@@ -1,6 +1,6 @@
-"""The model card (``hf_flexdemo.model_card``): Trainer's card with its four misreadings of a FlexDeMo run corrected,
-and a "FlexDeMo training" section that states the mode, the topology, the knobs that shaped the run and the traffic
-per node, step and parameter (single process; the recipe's 2 x 2 card in tests/test_recipe_data.py's runs)."""
+"""The model card (``hf_flexdemo.trainer.model_card``): Trainer's card with its four misreadings of a FlexDeMo run
+corrected, and a "FlexDeMo training" section that states the mode, the topology, the knobs that shaped the run and the
+traffic per node, step and parameter (single process; the recipe's 2 x 2 card in tests/test_recipe_data.py's runs)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,10 @@ from trainer_worker import reverse_task
 from transformers import TrainingArguments
 from transformers.modelcard import TrainingSummary
 
-from hf_flexdemo import FlexDeMo, FlexDeMoConfig, FlexDeMoTrainer, model_card
-from hf_flexdemo.model_card import (
+from hf_flexdemo import FlexDeMo, FlexDeMoConfig, FlexDeMoTrainer
+from hf_flexdemo.policies import CompressionPolicy
+from hf_flexdemo.trainer import model_card
+from hf_flexdemo.trainer.model_card import (
     PYPI_URL,
     correct_summary,
     distributed_entry,
@@ -24,8 +26,7 @@ from hf_flexdemo.model_card import (
     package_url,
     traffic_lines,
 )
-from hf_flexdemo.policies import CompressionPolicy
-from hf_flexdemo.topology import Topology
+from hf_flexdemo.trainer.topology import Topology
 
 TWO_BY_TWO = Topology(4, 2)
 

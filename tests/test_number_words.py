@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from hf_flexdemo.number_words import MAX_NUMBER, english_words, french_words, number_words_dataset
+from hf_flexdemo.seq2seq.number_words import MAX_NUMBER, english_words, french_words, number_words_dataset
 
 SPELLINGS = [
     (0, "zero", "zéro"),

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from hf_flexdemo import FlexDeMo
-from hf_flexdemo.mesh import validate_shard_size
+from hf_flexdemo.optim.mesh import validate_shard_size
 from hf_flexdemo.policies import CompressionPolicy, from_knobs
 
 

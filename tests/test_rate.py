@@ -5,11 +5,11 @@ import torch
 from transformers import T5ForConditionalGeneration
 
 from hf_flexdemo import FlexDeMo
-from hf_flexdemo.compression import kept_per_block
-from hf_flexdemo.dct import BlockLayout
 from hf_flexdemo.knobs import DEFAULT_CHUNK, DEFAULT_RATE
 from hf_flexdemo.policies import CompressionPolicy
-from hf_flexdemo.tiny_t5 import T5_VOCAB_SIZE, named_t5_config
+from hf_flexdemo.seq2seq.tiny_t5 import T5_VOCAB_SIZE, named_t5_config
+from hf_flexdemo.wire.compression import kept_per_block
+from hf_flexdemo.wire.dct import BlockLayout
 
 
 def _t5_small_shapes() -> list[tuple[int, ...]]:

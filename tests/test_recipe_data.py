@@ -1,6 +1,6 @@
 """The seq2seq recipe's arguments, data sources, preprocessing, offline metrics and summary (one process).
 
-The data, model and metrics code is the package's (``hf_flexdemo.seq2seq_*``); the arguments, ``main`` and
+The data, model and metrics code is the package's (``hf_flexdemo.seq2seq``); the arguments, ``main`` and
 the summary are the recipe script's, loaded from ``recipes/seq2seq.py``.
 """
 
@@ -21,8 +21,10 @@ import sacrebleu
 from rouge_score import rouge_scorer
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, EvalPrediction, TrainerState
 
-from hf_flexdemo import seq2seq_data, seq2seq_metrics, seq2seq_model
-from hf_flexdemo.tiny_t5 import build_tokenizer
+from hf_flexdemo.seq2seq import data as seq2seq_data
+from hf_flexdemo.seq2seq import metrics as seq2seq_metrics
+from hf_flexdemo.seq2seq import model as seq2seq_model
+from hf_flexdemo.seq2seq.tiny_t5 import build_tokenizer
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 
@@ -487,7 +489,7 @@ def test_metrics_fall_back_to_the_local_modules_without_network(
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(seq2seq_metrics, "_hub_unreachable", False)
     monkeypatch.delenv("RANK", raising=False)
-    with caplog.at_level("WARNING", logger="hf_flexdemo.seq2seq_metrics"):
+    with caplog.at_level("WARNING", logger="hf_flexdemo.seq2seq.metrics"):
         metric = seq2seq_metrics.load_metric("chrf")
         bleu = seq2seq_metrics.load_metric("sacrebleu").compute(predictions=HYPOTHESES,
                                                                 references=[[h] for h in HYPOTHESES])
@@ -505,7 +507,7 @@ def test_only_rank_0_says_the_metrics_are_offline(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(seq2seq_metrics, "_hub_unreachable", False)
     monkeypatch.setenv("RANK", "3")
-    with caplog.at_level("WARNING", logger="hf_flexdemo.seq2seq_metrics"):
+    with caplog.at_level("WARNING", logger="hf_flexdemo.seq2seq.metrics"):
         assert seq2seq_metrics.load_metric("chrf") == str(seq2seq_metrics.METRICS_DIR / "chrf")
     assert caplog.text == ""
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from launch import run_worker
 
-from hf_flexdemo.replicate import dense_allreduce_bytes
+from hf_flexdemo.wire.collectives import dense_allreduce_bytes
 
 # the fingerprints' all-gather: torch 2.13 deprecates all_gather_into_tensor for all_gather_single
 GATHER = "all_gather_single" if hasattr(torch.distributed, "all_gather_single") else "all_gather_into_tensor"

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hf_flexdemo.optim.reshard import assemble, cut, reshard_state_dict, reshard_tensor
 from hf_flexdemo.policies import CompressionPolicy, GuardPolicy, StepRulePolicy
-from hf_flexdemo.reshard import assemble, cut, reshard_state_dict, reshard_tensor
 
 SHAPES = [(5, 3), (1, 4), (4,), (7, 2), (2, 8)]  # uneven, fewer rows than ranks (empty shards), 1-D
 
@@ -126,15 +126,16 @@ def test_load_resharded_into_one_process_checks_the_parameters(tmp_path):
     """A 2 x 2 checkpoint's rank files (per-node ``delta`` differing) loaded into one process under ``average``:
     ``delta`` is the nodes' mean, ``exp_avg`` (update="adamw", replicated) the saved one; other parameters are
     refused, naming the first that differs."""
-    from hf_flexdemo import FlexDeMo, checkpoint
+    from hf_flexdemo import FlexDeMo
+    from hf_flexdemo.trainer import checkpoint
 
     def optimizer(*shapes):
         torch.manual_seed(0)
         params = [torch.nn.Parameter(torch.randn(shape)) for shape in shapes]
         for p in params:
             p.grad = torch.randn_like(p)
-        return FlexDeMo(params, step_rule=StepRulePolicy(update="adamw"), guards=GuardPolicy(drift_check_every=0),
-                        compression=CompressionPolicy(replicator="none"))
+        return FlexDeMo(params, local_steps=1, step_rule=StepRulePolicy(update="adamw"),
+                        guards=GuardPolicy(drift_check_every=0), compression=CompressionPolicy(replicator="none"))
 
     source = optimizer((5, 3), (4,))
     source.step()

@@ -7,7 +7,7 @@ import pytest
 import torch
 from launch import run_worker
 
-from hf_flexdemo.replicators import exchange_bytes
+from hf_flexdemo.wire.replicators import exchange_bytes
 
 pytestmark = pytest.mark.multiprocess
 

@@ -52,7 +52,9 @@ def test_a_rerun_builds_the_configuration_each_committed_run_recorded(sweep, gri
 
 
 def test_the_pins_are_needed(sweep):
-    """Without its pin, a rerun of the step-wise rule's sweep would run today's defaults."""
+    """Without its pin, a rerun of the step-wise rule's sweep would not run the committed rule: today's default is
+    local steps, which read no step-wise rule, so the run's knobs are refused."""
     run, record = next((r, rec) for r, rec in committed_runs(sweep, "density") if "momentum" not in r["knobs"])
-    rebuilt = dataclasses.asdict(FlexDeMoConfig(method=run["method"], **run["knobs"]))
-    assert (rebuilt["momentum"], rebuilt["local_steps"]) != (record["flexdemo_config"]["momentum"], 1)
+    assert record["flexdemo_config"]["local_steps"] == 1 and "local_steps" not in run["knobs"]
+    with pytest.raises(ValueError, match=r"only the step-wise mode .* reads it; set local_steps=1"):
+        FlexDeMoConfig(method=run["method"], **run["knobs"])

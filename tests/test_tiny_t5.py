@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer, T5ForConditionalGeneration
 
-from hf_flexdemo.number_words import number_words_dataset
-from hf_flexdemo.tiny_t5 import T5_CONFIG_NAMES, build_tokenizer, named_t5_config, tiny_t5_config
+from hf_flexdemo.seq2seq.number_words import number_words_dataset
+from hf_flexdemo.seq2seq.tiny_t5 import T5_CONFIG_NAMES, build_tokenizer, named_t5_config, tiny_t5_config
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +68,7 @@ def test_tokenizer_is_identical_in_every_process(texts: list[str], tmp_path) -> 
     (tmp_path / "texts.json").write_text(json.dumps(texts))
     script = (
         "import json, sys\n"
-        "from hf_flexdemo.tiny_t5 import build_tokenizer\n"
+        "from hf_flexdemo.seq2seq.tiny_t5 import build_tokenizer\n"
         "texts = json.load(open(sys.argv[1]))\n"
         "build_tokenizer(texts, vocab_size=120).save_pretrained(sys.argv[2])\n"
     )

@@ -10,11 +10,12 @@ from tiny_model import tiny_t5
 from trainer_worker import reverse_task
 from transformers import TrainingArguments
 
-from hf_flexdemo import FlexDeMo, FlexDeMoConfig, FlexDeMoTrainer, checkpoint
-from hf_flexdemo.comm_metrics import CommMetricsCallback, dense_bf16_bytes
-from hf_flexdemo.model_card import flexdemo_section
-from hf_flexdemo.replicate import dense_allreduce_bytes
-from hf_flexdemo.topology import Topology
+from hf_flexdemo import FlexDeMo, FlexDeMoConfig, FlexDeMoTrainer
+from hf_flexdemo.trainer import checkpoint
+from hf_flexdemo.trainer.comm_metrics import CommMetricsCallback, dense_bf16_bytes
+from hf_flexdemo.trainer.model_card import flexdemo_section
+from hf_flexdemo.trainer.topology import Topology
+from hf_flexdemo.wire.collectives import dense_allreduce_bytes
 
 
 def _args(tmp_path, **kwargs) -> TrainingArguments:
@@ -173,7 +174,7 @@ def test_compression_ratio_is_against_a_bf16_all_reduce_and_fp32_is_logged_too()
 
 
 def test_the_model_card_names_the_mode():
-    from hf_flexdemo.trainer import training_mode
+    from hf_flexdemo.trainer.trainer import training_mode
 
     assert training_mode(FlexDeMoConfig(local_steps=1)) == "compressed momentum exchange every step"
     assert training_mode(FlexDeMoConfig(method="adamw")) == "adamw"

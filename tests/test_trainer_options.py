@@ -16,11 +16,11 @@ from transformers.testing_utils import CaptureLogger
 from transformers.utils import logging as hf_logging
 
 from hf_flexdemo import FlexDeMo, FlexDeMoConfig, FlexDeMoTrainer
-from hf_flexdemo.comm_metrics import CommMetricsCallback
-from hf_flexdemo.mesh import REPLICATE_SIZE_ENV, SHARD_SIZE_ENV, UNSUPPORTED_SIZE_ENV
+from hf_flexdemo.optim.mesh import REPLICATE_SIZE_ENV, SHARD_SIZE_ENV, UNSUPPORTED_SIZE_ENV
 from hf_flexdemo.policies import from_knobs
-from hf_flexdemo.topology import Topology
-from hf_flexdemo.trainer import as_config, describe_setup, logger
+from hf_flexdemo.trainer.comm_metrics import CommMetricsCallback
+from hf_flexdemo.trainer.topology import Topology
+from hf_flexdemo.trainer.trainer import as_config, describe_setup, logger
 
 
 def _args(tmp_path, **kwargs) -> TrainingArguments:

@@ -31,10 +31,10 @@ import torch
 from transformers import T5ForConditionalGeneration
 
 from benchmarks import harness
-from hf_flexdemo import compression
-from hf_flexdemo.dct import BlockLayout
 from hf_flexdemo.knobs import DEFAULT_CHUNK, DEFAULT_RATE
-from hf_flexdemo.tiny_t5 import T5_VOCAB_SIZE, named_t5_config
+from hf_flexdemo.seq2seq.tiny_t5 import T5_VOCAB_SIZE, named_t5_config
+from hf_flexdemo.wire import compression
+from hf_flexdemo.wire.dct import BlockLayout
 
 
 def timed(fn: Callable[[], object], repeats: int) -> list[float]:

@@ -17,8 +17,9 @@ import torch.distributed as dist
 from habits_worker import full, main, observed
 from optimizer_worker import mlp, mlp_loss, train_perturbed
 
-from hf_flexdemo import FlexDeMo, build_hybrid_mesh, guards, shard_model
+from hf_flexdemo import FlexDeMo, build_hybrid_mesh, shard_model
 from hf_flexdemo.launch import unlike_inverse_dct
+from hf_flexdemo.optim import guards
 from hf_flexdemo.policies import from_knobs
 
 

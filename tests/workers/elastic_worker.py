@@ -47,7 +47,8 @@ def run(spec: dict, output_dir: Path) -> dict:
         save_strategy="steps" if spec.get("save_steps") else "no", save_steps=spec.get("save_steps") or 500,
         report_to=[], seed=0, data_seed=0, max_grad_norm=0.0, dataloader_drop_last=True, disable_tqdm=True)
     local = spec.get("local_steps", 1)
-    config = FlexDeMoConfig(compression_chunk=8, update="adamw", shard_size=spec["shard_size"],
+    # step-wise, update="adamw": replicated moments beside per-node ones; local steps read no step-wise rule
+    config = FlexDeMoConfig(compression_chunk=8, update="adamw" if local == 1 else "sgd", shard_size=spec["shard_size"],
                             resume_policy=spec.get("policy"), local_steps=local,
                             value_dtype="int2" if local > 1 else "auto")
     trainer = FlexDeMoTrainer(model=tiny_t5(), args=args, train_dataset=reverse_task(512), flexdemo_config=config)

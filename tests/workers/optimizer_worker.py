@@ -15,7 +15,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from hf_flexdemo import FlexDeMo, build_hybrid_mesh, shard_model
-from hf_flexdemo.mesh import init_process_group
+from hf_flexdemo.optim.mesh import init_process_group
 from hf_flexdemo.policies import from_knobs
 
 

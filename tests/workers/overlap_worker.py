@@ -13,7 +13,7 @@ from torch import nn
 
 from hf_flexdemo import FlexDeMo
 from hf_flexdemo.policies import BudgetPolicy, CompressionPolicy, GuardPolicy, from_knobs
-from hf_flexdemo.replicators import exchange_bytes
+from hf_flexdemo.wire.replicators import exchange_bytes
 
 
 # FlexDeMo in its step-wise mode (an exchange every step), which these tests pin; a local_steps= argument

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import T5ForConditionalGeneration
 
-from hf_flexdemo.tiny_t5 import tiny_t5_config
+from hf_flexdemo.seq2seq.tiny_t5 import tiny_t5_config
 
 VOCAB_SIZE = 32
 

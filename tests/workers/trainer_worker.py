@@ -49,7 +49,7 @@ def main() -> None:
     parser.add_argument("--fp16", action="store_true")
     parser.add_argument("--final_save", action="store_true")
     parser.add_argument("--topk", type=int, default=4, help="0: the package default rate")
-    parser.add_argument("--update", default="sign")
+    parser.add_argument("--update", default="sign", help="the step-wise rule's (local steps read none)")
     parser.add_argument("--logging_steps", type=int, default=5)
     parser.add_argument("--overlap", default="none")
     parser.add_argument("--bucket_cap_mb", type=float, default=25.0)
@@ -71,9 +71,10 @@ def main() -> None:
         dataloader_drop_last=True, disable_tqdm=True,
     )
     knobs = {} if args.method == "adamw" else dict(  # the AdamW baseline refuses FlexDeMo knobs
-        compression_topk=args.topk or None, compression_chunk=8, update=args.update, overlap=args.overlap,
+        compression_topk=args.topk or None, compression_chunk=8, overlap=args.overlap,
         bucket_cap_mb=args.bucket_cap_mb, local_steps=args.local_steps, value_dtype=args.value_dtype,
-        outer_fragments=args.outer_fragments, replicator=args.replicator)
+        outer_fragments=args.outer_fragments, replicator=args.replicator,
+        **({"update": args.update} if args.local_steps == 1 else {}))
     shard_size = None if args.method == "demo" else args.shard_size or None  # demo shards nothing
     config = FlexDeMoConfig(method=args.method, shard_size=shard_size, reduce_dtype=args.reduce_dtype, **knobs)
     model = tiny_t5()

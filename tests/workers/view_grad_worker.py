@@ -13,8 +13,8 @@ import torch.distributed as dist
 from tiny_model import tiny_t5
 from trainer_worker import reverse_task
 
-from hf_flexdemo.mesh import build_hybrid_mesh, shard_model
-from hf_flexdemo.trainer import ignore_t5_view_warning
+from hf_flexdemo.optim.mesh import build_hybrid_mesh, shard_model
+from hf_flexdemo.trainer.trainer import ignore_t5_view_warning
 
 
 def _backward(model: torch.nn.Module, batch: dict[str, torch.Tensor], *, filtered: bool) -> list[str]:

@@ -1,0 +1,113 @@
+"""``FlexDeMoConfig``: the training setup in one dataclass that ``HfArgumentParser`` can fill.
+
+Its knob fields are generated from the knob table (:data:`hf_flexdemo.knobs.KNOBS`), flat as command-line flags are:
+the same names, types (``Literal`` choices, so ``--help`` lists them and argparse refuses anything else), defaults,
+help texts and validation that ``FlexDeMo`` reads, so the config and the optimizer cannot disagree. ``lr``,
+``weight_decay``, ``betas`` and ``eps`` come from ``TrainingArguments``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import asdict, field
+from typing import Any, Literal, get_args
+
+from .. import knobs
+from ..optim.reshard import RESUME_POLICIES, ResumePolicy
+
+Method = Literal["flexdemo", "demo", "adamw"]
+METHODS: tuple[str, ...] = get_args(Method)
+ReduceDtype = Literal["float32", "bfloat16"]
+REDUCE_DTYPES: tuple[str, ...] = get_args(ReduceDtype)
+RESUME_POLICY_HELP = (
+    "Resuming a checkpoint written on another topology (nodes x processes per node): what each new node's per-node "
+    "optimizer state (error feedback, the replica's gradient moments; with local steps the inner AdamW moments and "
+    "a mid-round local shard) starts from. average: the mean over the old nodes; reset: zeros, as a fresh "
+    "optimizer; keep: new node n takes old node n's (the number of nodes unchanged, e.g. a new number of processes "
+    "per node). Replicated state (anchor, consensus-fed AdamW moments, step counts) reshards exactly under every "
+    "policy. None (the default): refuse a topology change, since it cannot resume exactly (per-node momentum is "
+    "merged or dropped, and the global batch changes with the world size); a wrong launch would otherwise continue "
+    "as a different run without a word. The same topology always resumes exactly.")
+# The knobs Trainer's own arguments set (--learning_rate, --weight_decay, --adam_beta1/2, --adam_epsilon).
+FROM_TRAINING_ARGUMENTS = ("lr", "weight_decay", "betas", "eps")
+KNOB_FIELDS: tuple[str, ...] = tuple(knob.name for knob in knobs.KNOBS if knob.name not in FROM_TRAINING_ARGUMENTS)
+
+_SETUP_BEFORE = [
+    ("method", Method, field(default="flexdemo", metadata={
+        "help": "Training setup: flexdemo (FSDP2 inside each node, FlexDeMo between nodes), demo (every rank a "
+                "replica, DeMo), adamw (FSDP2 HSDP with torch AdamW, the baseline)."})),
+    # Named flexdemo_preset: the recipes' --data_preset names a data set.
+    ("flexdemo_preset", knobs.Preset, field(default="default", metadata={"help": knobs.PRESET_HELP})),
+]
+_SETUP_AFTER = [
+    ("shard_size", int | None, field(default=None, metadata={
+        "help": "Processes per node (FSDP group size). Default: from the launcher (accelerate's "
+                "parallelism_config_dp_shard_size, else LOCAL_WORLD_SIZE)."})),
+    ("reduce_dtype", ReduceDtype, field(default="float32", metadata={
+        "help": "method='adamw' only: dtype of FSDP2's gradient reduce-scatter and cross-node all-reduce "
+                "(MixedPrecisionPolicy.reduce_dtype; float32 as torchtitan, bfloat16 halves the bytes)."})),
+    ("resume_policy", ResumePolicy | None, field(default=None, metadata={"help": RESUME_POLICY_HELP})),
+]
+
+
+def _post_init(self: Any) -> None:
+    if self.method not in METHODS:
+        raise ValueError(f"FlexDeMoConfig: invalid method={self.method!r}; accepted: {' | '.join(METHODS)}.")
+    if self.shard_size is not None and (not isinstance(self.shard_size, int) or self.shard_size < 1):
+        raise ValueError(f"FlexDeMoConfig: invalid shard_size={self.shard_size!r}; accepted: None or an integer >= 1.")
+    if self.reduce_dtype not in REDUCE_DTYPES:
+        raise ValueError(f"FlexDeMoConfig: invalid reduce_dtype={self.reduce_dtype!r}; accepted: "
+                         f"{' | '.join(REDUCE_DTYPES)}.")
+    if self.resume_policy is not None and self.resume_policy not in RESUME_POLICIES:
+        raise ValueError(f"FlexDeMoConfig: invalid resume_policy={self.resume_policy!r}; accepted: None | "
+                         f"{' | '.join(RESUME_POLICIES)}.")
+    if self.reduce_dtype != "float32" and self.method != "adamw":
+        raise ValueError(f"FlexDeMoConfig: reduce_dtype={self.reduce_dtype!r} with method={self.method!r}; accepted: "
+                         "reduce_dtype='float32' unless method='adamw' (it sets the AdamW-HSDP baseline's gradient "
+                         "reduction; FlexDeMo's exchange has its own wire type, value_dtype).")
+    if self.method == "adamw":
+        moved = {key: value for key, value in self.optimizer_kwargs().items() if value != knobs.DEFAULTS[key]}
+        if self.flexdemo_preset != "default":
+            moved = {"flexdemo_preset": self.flexdemo_preset, **moved}
+        if moved:
+            given = ", ".join(f"{key}={value!r}" for key, value in moved.items())
+            raise ValueError(f"FlexDeMoConfig: {given} with method='adamw'; accepted: the defaults with "
+                             "method='adamw' (the AdamW-HSDP baseline: torch's AdamW and FSDP's dense all-reduce "
+                             "between nodes, which read no FlexDeMo knob), or method='flexdemo' | 'demo' to use them.")
+        return  # nothing to resolve: the fields keep their defaults (replace() and a re-parse round-trip)
+    if self.method == "demo" and self.shard_size not in (None, 1):
+        raise ValueError(f"FlexDeMoConfig: shard_size={self.shard_size!r} with method='demo'; accepted: None or 1 "
+                         "with method='demo' (every rank is its own replica: nothing is sharded), or "
+                         "method='flexdemo' to shard inside nodes.")
+    preset = knobs.apply_preset(self.flexdemo_preset, self.optimizer_kwargs(), field="flexdemo_preset")
+    knobs.validate(preset)
+    for key, value in knobs.resolve(preset).items():
+        setattr(self, key, value)  # the fields show the knobs in use (model card, results JSONs)
+
+
+def _optimizer_kwargs(self: Any) -> dict[str, Any]:
+    """The knobs this config sets, flat (``FlexDeMo``'s keywords through :func:`hf_flexdemo.policies.from_knobs`)."""
+    return {key: value for key, value in asdict(self).items() if key in KNOB_FIELDS}
+
+
+FlexDeMoConfig = dataclasses.make_dataclass(
+    "FlexDeMoConfig",
+    [*_SETUP_BEFORE, *((knob.name, knob.type, field(default=knob.default, metadata={"help": knob.help}))
+                       for knob in knobs.KNOBS if knob.name in KNOB_FIELDS), *_SETUP_AFTER],
+    namespace={"__post_init__": _post_init, "optimizer_kwargs": _optimizer_kwargs, "__module__": __name__,
+               "__doc__": """How to train across nodes. ``method`` picks the whole setup; the rest tunes FlexDeMo.
+
+    * ``flexdemo``: FSDP2 inside each node, FlexDeMo (compressed momentum) across nodes.
+    * ``demo``: no sharding; every rank is its own replica and DeMo runs across all of them.
+    * ``adamw``: the stock baseline: FSDP2 HSDP (dense all-reduce across nodes) with torch AdamW.
+
+    The learning rate, weight decay and AdamW constants come from ``TrainingArguments``; every other FlexDeMo knob
+    is a field (:data:`hf_flexdemo.knobs.KNOBS`).
+
+    What does not apply is refused rather than ignored: with ``method="adamw"`` the FlexDeMo knobs and
+    ``flexdemo_preset`` must stay at their defaults, since the baseline runs torch's AdamW and FSDP's dense
+    all-reduce and reads none of them; ``reduce_dtype`` is the baseline's alone; ``method="demo"`` shards nothing,
+    so ``shard_size`` is ``None`` or 1; a knob the mode does not read, or that only acts with another one (the
+    budget's rate bounds with a budget), is refused (:func:`hf_flexdemo.knobs.validate`).
+    """},
+)
