@@ -22,7 +22,6 @@ once (the skip decision). Every tensor lives on the parameters' device, and ``to
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, Literal
@@ -37,20 +36,20 @@ from .. import knobs
 from ..knobs import DEFAULT_RATE, DEFAULTS, OPTIMIZER_WIDE, PER_GROUP, Overlap, Preset, check
 from ..policies import CLASSES as POLICY_CLASSES
 from ..policies import BudgetPolicy, CompressionPolicy, GuardPolicy, OuterPolicy, StepRulePolicy, knob_values
-from ..wire.collectives import CommStats, ReplicateGroup, dense_allreduce_bytes
-from ..wire.replicators import DENSE, REGISTRY, Replicator, exchange_bytes
-from . import budget, local_steps
+from ..wire.collectives import CommStats, ReplicateGroup
+from ..wire.replicators import DENSE, REGISTRY, Replicator
+from . import local_steps
 from .exchange import HELD_KEYS, MOMENT_KEYS, ExchangeEngine
 from .guards import DriftCheck
 from .mode import Mode
 from .one_replica import OneReplica
-from .plan import Bucket, build_plan, local_shard
+from .plan import Bucket, local_shard
+from .planner import Planner
 from .stepwise import StepWise
 
 PARAM_DTYPES = (torch.float32, torch.bfloat16)
 # What stays float32 whatever the parameters' dtype (torch's load_state_dict casts state to it).
 FLOAT32_KEYS = ("delta", *MOMENT_KEYS, *HELD_KEYS, *local_steps.FLOAT32_KEYS)
-logger = logging.getLogger(__name__)
 FINAL = "compressed"  # finish()'s wire for the last round (docs/how-it-works.md "The end of a run")
 
 
@@ -142,9 +141,7 @@ class FlexDeMo(Optimizer):
             self.mode.remove_hooks()
         self.mode = (OneReplica(self) if self.adamw_only else
                      local_steps.LocalSteps(self) if self.options["local_steps"] > 1 else StepWise(self))
-        self._plan: list[Bucket] | None = None
-        self._planned: tuple[int, ...] = ()  # the trainable parameters the plan was built for
-        self._dense_bytes = 0  # a dense fp32 all-reduce of the trainable shards: set with the plan
+        self.planner = Planner(self)
 
     def _new_replicator(self, name: str) -> Replicator:
         return REGISTRY[name](self.replicate, value_dtype=self.options["value_dtype"],
@@ -254,51 +251,14 @@ class FlexDeMo(Optimizer):
 
     # ---- the plan ----------------------------------------------------------------------------
 
-    def _trainable(self) -> tuple[int, ...]:
-        """Which parameters the plan covers: those that require a gradient, in group order (host-only)."""
-        return tuple(id(p) for group in self.param_groups for p in group["params"] if p.requires_grad)
-
     def exchange_plan(self) -> list[Bucket]:
-        """The buckets and stacks the exchange runs on (:func:`~.plan.build_plan`), built at the first step and again
-        whenever the trainable parameters change (a parameter frozen or unfrozen, :meth:`add_param_group`): the
-        exchanges in flight land and a final round brings every replica to one consensus first (:meth:`finish`), so the
-        new plan starts where all replicas agree. ``requires_grad`` is the same on every rank, so is the plan."""
-        if self._plan is not None and self._trainable() != self._planned:
+        """The buckets and stacks the exchange runs on (:class:`~.planner.Planner`), built at the first step and again
+        whenever the trainable parameters change: the exchanges in flight land and a final round brings every replica
+        to one consensus first (:meth:`finish`), so the new plan starts where all replicas agree."""
+        if self.planner.stale():
             self._settle(FINAL)
-            self._plan = None
-        if self._plan is None:
-            if not self._planned and self.replicate.size == 1:
-                name = self.exchange.replicator.name
-                how = ("torch's AdamW step" if self.adamw_only else "the rule's dense limit" if name == DENSE
-                       else f"the wire emulated (replicator={name!r})")
-                logger.info("FlexDeMo: one replica, nothing crosses nodes: %s.", how)
-            self._planned = self._trainable()
-            fragment_of = self.mode.assign([p for _, p in self._named_params()])
-            self._plan = build_plan(self.param_groups, lambda p, group: self.mode.new_state(self.state[p], p, group),
-                                    bucket_cap_mb=self.options["bucket_cap_mb"],
-                                    hook_shards=self.options["overlap"] == "backward", fragment_of=fragment_of)
-            numel = sum(local_shard(p).numel() for b in self._plan for s in b.stacks for p in s.params)
-            self._dense_bytes = dense_allreduce_bytes(numel, self.replicate.size)  # AdamW-HSDP's, for the ratio
-            if self.options["budget_bytes"] is not None:
-                self.exchange.rate = budget.rate_for_bytes(self._bytes_at, self.options["budget_bytes"],
-                                                           self.options["budget_min_rate"],
-                                                           self.options["budget_max_rate"])
-        return self._plan
-
-    def _bytes_at(self, rate: float) -> int:
-        """Inter-node bytes this rank sends per step at ``rate`` (the byte budget's equation): every step's exchange,
-        or with local steps a round's (one exchange per fragment) over its ``local_steps`` steps, rounded up."""
-        members = getattr(self.mode, "members", None)
-        fragments = [None] if members is None else [{id(p) for p in fragment} for fragment in members]
-        total = sum(
-            exchange_bytes(self.options["replicator"],
-                           [tuple(local_shard(p).shape) for p in group["params"]
-                            if p.requires_grad and (fragment is None or id(p) in fragment)],
-                           self.replicate.size, rate=rate, topk=None, chunk=group["compression_chunk"],
-                           value_dtype=self.options["value_dtype"])
-            for fragment in fragments for group in self.param_groups
-        )
-        return -(-total // self.options["local_steps"])
+            self.planner.plan = None
+        return self.planner.plan if self.planner.plan is not None else self.planner.build()
 
     # ---- step --------------------------------------------------------------------------------
 
@@ -318,7 +278,7 @@ class FlexDeMo(Optimizer):
             self.check_drift()
         self.mode.step(plan)
         self.steps += 1
-        self.comm_stats = self.exchange.close_step(self._dense_bytes)
+        self.comm_stats = self.exchange.close_step(self.planner.dense_bytes)
         self.mode.end_step(plan)
         if self.options["budget_fraction"] is not None:
             self.exchange.time_step()
@@ -338,14 +298,14 @@ class FlexDeMo(Optimizer):
         if self.exchange.in_flight:
             self._refuse_in_flight("finish")
         self._settle(final)
-        self.comm_stats = self.exchange.close_step(self._dense_bytes)
+        self.comm_stats = self.exchange.close_step(self.planner.dense_bytes)
         return self.comm_stats
 
     def _settle(self, final: str) -> None:
         """:meth:`finish`'s landing and final round, its traffic counted into the step being built."""
         if self.adamw_only or not self.state:
             return
-        plan = self._plan if self._plan is not None else self.exchange_plan()  # loaded from a state_dict: rebuilt
+        plan = self.planner.plan if self.planner.plan is not None else self.exchange_plan()  # after a load: rebuilt
         if not self.mode.agreed(self.steps) or self.holds_exchange:
             self.mode.finish(plan, None if final == "compressed" else self._new_replicator(DENSE))
 
@@ -356,10 +316,11 @@ class FlexDeMo(Optimizer):
         becomes the parameters and the error feedback and outer momentum restart from zero. The other state
         (AdamW's moments, the step-wise momentum) stays, as torch's optimizers keep theirs. Call it on every
         rank, each having loaded the same weights (``FlexDeMoTrainer`` does, from a load hook on the model)."""
-        if self._plan is None:
+        plan = self.planner.plan
+        if plan is None:
             return
-        self.exchange.discard([s for b in self._plan for s in b.stacks])
-        self.mode.adopt(self._plan)
+        self.exchange.discard([s for b in plan for s in b.stacks])
+        self.mode.adopt(plan)
 
     # ---- drift -------------------------------------------------------------------------------
 

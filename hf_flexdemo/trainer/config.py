@@ -95,6 +95,7 @@ FlexDeMoConfig = dataclasses.make_dataclass(
     [*_SETUP_BEFORE, *((knob.name, knob.type, field(default=knob.default, metadata={"help": knob.help}))
                        for knob in knobs.KNOBS if knob.name in KNOB_FIELDS), *_SETUP_AFTER],
     namespace={"__post_init__": _post_init, "optimizer_kwargs": _optimizer_kwargs, "__module__": __name__,
+               "_argument_group_name": "FlexDeMo",  # HfArgumentParser's --help heading for these flags
                "__doc__": """How to train across nodes. ``method`` picks the whole setup; the rest tunes FlexDeMo.
 
     * ``flexdemo``: FSDP2 inside each node, FlexDeMo (compressed momentum) across nodes.

@@ -491,23 +491,11 @@ class FlexDeMoTrainer(Trainer):
 
     # ---- model card --------------------------------------------------------------------------
 
-    def create_model_card(
-        self,
-        language: str | None = None,
-        license: str | None = None,
-        tags: str | list[str] | None = None,
-        model_name: str | None = None,
-        finetuned_from: str | None = None,
-        tasks: str | list[str] | None = None,
-        dataset_tags: str | list[str] | None = None,
-        dataset: str | list[str] | None = None,
-        dataset_args: str | list[str] | None = None,
-    ) -> None:
-        """As ``Trainer``'s, corrected where Trainer misreads a FlexDeMo run, with a "FlexDeMo training" section: the
-        mode, topology, knobs and traffic (:func:`hf_flexdemo.trainer.model_card.write_model_card`)."""
-        model_card.write_model_card(self, language=language, license=license, tags=tags, model_name=model_name,
-                                    finetuned_from=finetuned_from, tasks=tasks, dataset_tags=dataset_tags,
-                                    dataset=dataset, dataset_args=dataset_args)
+    def create_model_card(self, **card: Any) -> None:
+        """As ``Trainer``'s (the same keywords: ``model_name``, ``dataset``, ``tags``, ...), corrected where Trainer
+        misreads a FlexDeMo run, with a "FlexDeMo training" section: the mode, topology, knobs and traffic
+        (:func:`hf_flexdemo.trainer.model_card.write_model_card`)."""
+        model_card.write_model_card(self, **card)
 
 
 class FlexDeMoSeq2SeqTrainer(FlexDeMoTrainer, Seq2SeqTrainer):
