@@ -21,16 +21,18 @@ demo: setup-demo
 	$(PYTHON) -m accelerate.commands.launch --config_file accelerate_configs/cpu_2x2.yaml \
 		recipes/t5_translation.py --output_dir outputs/t5-number-words
 
+# Every test: tests/unit (fast, one process), tests/integration (one process, the Trainer and the recipes end to end)
+# and tests/distributed (several gloo ranks); the 20 slowest are listed at the end. `make unit`: tests/unit only.
 test: setup lint
-	$(PYTHON) -m pytest -q tests
+	$(PYTHON) -m pytest -q tests --durations=20
 
 unit:
-	$(PYTHON) -m pytest -q tests -m "not multiprocess"
+	$(PYTHON) -m pytest -q tests/unit
 
 lint:
 	$(PYTHON) -m ruff check hf_flexdemo recipes benchmarks tests docs
 
-# Regenerate docs/configuration.md from the knobs' definition (tests/test_docs.py fails while it is stale).
+# Regenerate docs/configuration.md from the knobs' definition (tests/unit/test_docs.py fails while it is stale).
 docs:
 	$(PYTHON) docs/generate_configuration.py
 

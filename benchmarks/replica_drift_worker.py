@@ -4,7 +4,7 @@ Runs under ``torchrun --nproc_per_node 2`` (two nodes of one process each, so ev
 the blockwise inverse DCT (the decode of the consensus ``Q`` and the error feedback's estimate) returns its result
 moved by one unit in the last place (``torch.nextafter``) on a ``--fraction`` of its non-zero elements, up or down at
 random: what a GPU of another model, whose GEMMs round differently, does (an exact zero, a block nobody sent, stays
-zero on any hardware; ``hf_flexdemo.launch.unlike_inverse_dct``, the emulation the tests use too). Every
+zero on any hardware; ``hf_flexdemo.testing.unlike_inverse_dct``, the emulation the tests use too). Every
 ``--every`` steps the ranks gather their parameters (outside the optimizer, for the measurement only) and rank 0
 records how far they are apart. Each ``--updates`` rule runs under each ``--policies`` drift policy (``none``: no
 check, the free drift); rank 0 writes one JSON record per run to ``--out``.
@@ -27,9 +27,9 @@ from transformers import T5ForConditionalGeneration
 
 from hf_flexdemo import FlexDeMo
 from hf_flexdemo.knobs import DRIFT_ACTIONS, UPDATES
-from hf_flexdemo.launch import unlike_inverse_dct
 from hf_flexdemo.policies import CompressionPolicy, GuardPolicy, StepRulePolicy
 from hf_flexdemo.seq2seq.tiny_t5 import tiny_t5_config
+from hf_flexdemo.testing import unlike_inverse_dct
 
 VOCAB = 32
 

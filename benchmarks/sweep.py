@@ -53,7 +53,7 @@ def _local(steps: int, *, rate: float = 1 / 4, value_dtype: str = "int2", **knob
 
 # A grid's "pin": knob values its runs take unless they set them, left out of the run keys: the package defaults
 # when the grid's runs were chosen, so that a rerun measures what the committed JSON's run keys meant
-# (tests/test_sweep_pins.py rebuilds every committed run's FlexDeMoConfig from its key and the pin). The grids
+# (tests/unit/test_sweep_pins.py rebuilds every committed run's FlexDeMoConfig from its key and the pin). The grids
 # "density" and "levers" chose the step-wise rule under the first defaults (DeMo's momentum and consensus, 1/8 of
 # 8 x 8 blocks, bfloat16 values); "overlap" ran step-wise at the rule they chose; the local-steps grids waited
 # for each exchange unless a run said overlap="delayed" (the default "auto" streams now), streamed the whole
@@ -189,7 +189,7 @@ GRIDS: dict[str, dict[str, Any]] = {
         ],
     },
     # At the package defaults: "delayed" is one step stale. ("backward" is "none"'s update, bit for bit, tested
-    # in tests/test_overlap.py; it refuses Trainer's gradient clipping, which these runs use.)
+    # in tests/distributed/test_overlap.py; it refuses Trainer's gradient clipping, which these runs use.)
     "overlap": {
         "argv": QUICK,
         "pin": STEP_WISE,

@@ -2,7 +2,7 @@
 the policies built from it, and ``FlexDeMoConfig``'s own fields (their types, defaults and help).
 
     python docs/generate_configuration.py           # rewrite docs/configuration.md
-    python docs/generate_configuration.py --check   # exit 1 if it is stale (tests/test_docs.py does the same)
+    python docs/generate_configuration.py --check   # exit 1 if it is stale (tests/unit/test_docs.py does the same)
 
 Only the grouping and the order below are written here; every default, accepted value and help text is read from
 the package, so a changed knob changes the page the next time this runs.

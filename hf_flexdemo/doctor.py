@@ -1,4 +1,7 @@
-"""Pre-flight check of a multi-node setup: ``torchrun ... -m hf_flexdemo.doctor [--shard_size N]``.
+"""Pre-flight check of a multi-node setup: ``torchrun ... -m hf_flexdemo.doctor [--shard_size N] [--parameters P]``.
+
+``python -m hf_flexdemo.doctor --parameters 1e9 --step_seconds 1 --nodes 8`` only estimates the link the exchange
+needs (:mod:`hf_flexdemo.wire.estimate`), without launching anything.
 
 Prints, from rank 0, the topology FlexDeMo would use (nodes x processes, which ranks form each
 shard group and each replicate group, on which hosts), the backend and socket interface (on CUDA also
@@ -25,6 +28,7 @@ from .knobs import DEFAULTS, DRIFT_ACTIONS
 from .optim.guards import hardware
 from .optim.mesh import build_hybrid_mesh, default_device_type
 from .wire.collectives import all_gather_into
+from .wire.estimate import link_estimate
 
 
 def _timed(fn, repeats: int) -> float:
@@ -84,7 +88,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--timeout", type=int, default=300, help="seconds before a collective gives up")
     parser.add_argument("--on_drift", default=DEFAULTS["on_drift"], choices=DRIFT_ACTIONS,
                         help="the drift policy the run will use (FlexDeMoConfig.on_drift)")
+    parser.add_argument("--parameters", type=float, default=None,
+                        help="the model's parameter count (e.g. 1e9): estimate the link the exchange needs")
+    parser.add_argument("--step_seconds", type=float, default=1.0, help="a training step's time, for --parameters")
+    parser.add_argument("--nodes", type=int, default=None, help="with --parameters: estimate for this many nodes "
+                        "and exit, without launching (default: the launched topology's)")
     args = parser.parse_args(argv)
+    if args.nodes is not None:
+        if args.parameters is None:
+            parser.error("--nodes needs --parameters (the model's parameter count)")
+        print(link_estimate(args.parameters, args.step_seconds, args.nodes).describe())
+        return
 
     device_type = default_device_type()
     mesh = build_hybrid_mesh(args.shard_size, device_type, datetime.timedelta(seconds=args.timeout))
@@ -123,8 +137,16 @@ def main(argv: list[str] | None = None) -> None:
         print("\n".join(hardware_report(records, rows, args.on_drift)))
         latency, seconds = stats.tolist()
         if len(cols[0]) > 1:
+            measured = sent * 8 / seconds / 1e6
             print(f"replicate link: latency {latency * 1e3:.2f} ms (1-element all-reduce), "
-                  f"bandwidth {sent * 8 / seconds / 1e6:.1f} Mbit/s per rank ({args.megabytes:g} MB all-gather)")
+                  f"bandwidth {measured:.1f} Mbit/s per rank ({args.megabytes:g} MB all-gather), "
+                  f"{measured * len(rows[0]):.1f} Mbit/s per node")
+            if args.parameters is not None:
+                estimate = link_estimate(args.parameters, args.step_seconds, len(cols[0]))
+                print(estimate.describe())
+                if measured * len(rows[0]) < estimate.needed_mbits:
+                    print("  note: the measured link is slower: the steps will wait on the exchange (raise "
+                          "local_steps, or see docs/multi-node.md)")
         else:
             print("one node: no inter-node link to measure")
     dist.destroy_process_group()

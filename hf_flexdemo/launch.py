@@ -2,8 +2,7 @@
 
 Why here: the tests and the benchmarks both start ``N nodes x M processes`` of gloo ranks on one machine, and both
 need the same command line, environment and clean-up at a timeout. The installed package is the one place both can
-import without path tricks, so the launcher lives here, and it imports only the standard library (and, for the
-emulated node, torch and this package's DCT).
+import without path tricks, so the launcher lives here, and it imports only the standard library.
 
 * :func:`torchrun_command`: ``python -m torch.distributed.run ...`` for one agent: one node on a free local port,
   or node ``node_rank`` of ``nnodes`` with a static rendezvous at ``master_addr:master_port``.
@@ -11,8 +10,6 @@ emulated node, torch and this package's DCT).
 * :func:`run_commands`: launchers side by side, each in its own session; at the timeout every process group left is
   stopped (SIGTERM, then SIGKILL), so no rank outlives its job; a :class:`Job` with exit codes and output.
 * :func:`run_local`: ``nnodes`` agents of ``nproc_per_node`` ranks on this host, through the two above.
-* :func:`unlike_inverse_dct`: inside it, this process's inverse DCT rounds like another GPU model's (one ulp off):
-  a node of unlike hardware, emulated on CPU.
 
 A node of one agent (``nnodes=1``) is what the tests use: FlexDeMo groups ``nproc_per_node`` ranks into nodes of
 ``shard_size`` (``torchrun --nproc_per_node 4`` with ``shard_size=2`` is 2 nodes x 2 processes).
@@ -21,7 +18,6 @@ A node of one agent (``nnodes=1``) is what the tests use: FlexDeMo groups ``npro
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import signal
 import socket
@@ -29,16 +25,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-from torch import Tensor
-
-from .wire.dct import BlockLayout
-
-__all__ = ["Job", "cpu_env", "free_port", "run_commands", "run_local", "torchrun_command", "unlike_inverse_dct"]
+__all__ = ["Job", "cpu_env", "free_port", "run_commands", "run_local", "torchrun_command"]
 
 STATIC_PORT = 29500  # a static rendezvous's default port (torchrun's)
 _GRACE_S = 10.0  # between SIGTERM and SIGKILL
@@ -171,25 +162,3 @@ def run_local(target: Sequence[str | Path], nproc_per_node: int, *, nnodes: int 
     commands = [torchrun_command(target, nproc_per_node, nnodes=nnodes, node_rank=node, master_port=port)
                 for node in range(nnodes)]
     return run_commands(commands, timeout_s, envs=env, cwd=cwd, logs=logs)
-
-
-@contextlib.contextmanager
-def unlike_inverse_dct(fraction: float, seed: int) -> Iterator[None]:
-    """Inside, this process's blockwise inverse DCT (the decode of the consensus and the error feedback's estimate)
-    rounds as another GPU model's GEMMs do: ``fraction`` of its non-zero outputs move one ulp up or down at random
-    (``torch.nextafter``); an exact zero, where nothing was sent, stays zero on any hardware. Enter it on the ranks
-    of the node that is to differ."""
-    original = BlockLayout.idct
-    generator = torch.Generator().manual_seed(seed)
-
-    def idct(self: BlockLayout, c: Tensor, out: Tensor, scratch: Tensor) -> Tensor:
-        result = original(self, c, out, scratch)
-        draw = torch.rand(result.shape, generator=generator)
-        direction = torch.where(draw < fraction / 2, -math.inf, math.inf).to(result.dtype)
-        return result.copy_(torch.where((draw < fraction) & (result != 0), torch.nextafter(result, direction), result))
-
-    BlockLayout.idct = idct
-    try:
-        yield
-    finally:
-        BlockLayout.idct = original

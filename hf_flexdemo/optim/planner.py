@@ -20,12 +20,14 @@ logger = logging.getLogger(__name__)
 
 class Planner:
     """The plan of one :class:`~hf_flexdemo.optim.optimizer.FlexDeMo`: ``plan`` (``None`` until built),
-    ``dense_bytes`` (AdamW-HSDP's bytes per step for the trainable shards, the ratio's reference)."""
+    ``dense_bytes`` (AdamW-HSDP's bytes per step for the trainable shards, the ratio's reference) and ``parameters``
+    (the trainable parameters' full element count, every node's model)."""
 
     def __init__(self, optimizer: FlexDeMo) -> None:
         self.optimizer = optimizer
         self.plan: list[Bucket] | None = None
         self.dense_bytes = 0
+        self.parameters = 0
         self._planned: tuple[int, ...] = ()  # the trainable parameters the plan was built for
 
     def trainable(self) -> tuple[int, ...]:
@@ -53,6 +55,7 @@ class Planner:
                                fragment_of=fragment_of)
         numel = sum(local_shard(p).numel() for b in self.plan for s in b.stacks for p in s.params)
         self.dense_bytes = dense_allreduce_bytes(numel, replicate.size)
+        self.parameters = sum(p.numel() for group in opt.param_groups for p in group["params"] if p.requires_grad)
         if options["budget_bytes"] is not None:
             opt.exchange.rate = budget.rate_for_bytes(self.bytes_at, options["budget_bytes"],
                                                       options["budget_min_rate"], options["budget_max_rate"])

@@ -33,7 +33,9 @@ class CommMetricsCallback(TrainerCallback, ExportableState):
     optimizer's timer here, at logging time: on CUDA it is measured with events, which must not be read
     inside the step). ``compression_ratio`` is the bytes a dense bfloat16 ring all-reduce of the same shards
     would send (AdamW-HSDP with ``reduce_dtype="bfloat16"``) over the bytes sent; ``compression_ratio_fp32``
-    the same against FSDP2's float32 default.
+    the same against FSDP2's float32 default. ``bits_per_param_sent`` / ``_received`` are a node's inter-node bits per
+    optimizer step over the model's trainable parameters (:mod:`hf_flexdemo.wire.estimate` computes them from the
+    formulas).
     """
 
     def __init__(self, total_bytes_sent: float = 0.0) -> None:
@@ -87,6 +89,10 @@ class CommMetricsCallback(TrainerCallback, ExportableState):
             "flexdemo/comm_seconds": seconds / world / steps,
             "flexdemo/total_bytes_sent": self.total_bytes_sent,
         }
+        parameters, nodes = optimizer.planner.parameters, optimizer.replicate.size
+        if parameters and nodes > 1:  # a node's bits per parameter per step: the figure that carries over to a model
+            logs["flexdemo/bits_per_param_sent"] = sent / steps * 8 / nodes / parameters
+            logs["flexdemo/bits_per_param_received"] = received / steps * 8 / nodes / parameters
         if sent:  # vs what AdamW-HSDP would send: a bf16 gradient all-reduce (headline), and the fp32 default
             logs["flexdemo/compression_ratio"] = dense_bf16 / sent
             logs["flexdemo/compression_ratio_fp32"] = dense / sent

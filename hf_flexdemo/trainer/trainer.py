@@ -60,7 +60,7 @@ logger = hf_logging.get_logger("transformers.trainer")
 
 # FSDP2 warns when a sharded module returns a view that requires grad (an in-place op on it would drop the
 # pre-backward hook). T5's is block 0's relative position bias, which the later blocks only add out of place:
-# gradients match the unsharded model's (tests/test_fsdp_t5_views.py).
+# gradients match the unsharded model's (tests/distributed/test_fsdp_t5_views_distributed.py).
 T5_VIEW_WARNING = r"FSDP2-wrapped module \(FSDPT5Block\) returned a view tensor"
 T5_VIEW_WARNING_MODULE = r"torch\.distributed\.fsdp\."
 

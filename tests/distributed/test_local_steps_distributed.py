@@ -1,0 +1,104 @@
+"""``local_steps=H`` on 2 nodes x 2 processes (FSDP2 shards): periodic averaging against float64, replicas
+bit-identical after every exchange, nothing crosses nodes in an inner step, the bytes of the formula on exchange
+steps only, and a resume in the middle of a round."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from launch import run_worker
+from test_step_habits import GATHER, _crosses_nodes
+
+from hf_flexdemo.wire.replicators import exchange_bytes
+
+CASES = ["averaging", "habits,topology=2x2,value_dtype=int2", "habits,topology=1x4,value_dtype=int4,local_steps=2",
+         "habits,topology=2x2,value_dtype=int2,overlap=delayed", "resume,value_dtype=int4",
+         "resume,value_dtype=int4,overlap=delayed,outer_delay=2", "nonfinite,bad=3", "nonfinite,bad=4"]
+HABITS = [case for case in CASES if case.startswith("habits")]
+RESUMES = [case for case in CASES if case.startswith("resume")]
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory):
+    args = [a for case in CASES for a in ("--case", case)]
+    return run_worker("local_steps_worker", 4, tmp_path_factory.mktemp("local_steps"), *args, timeout=600)
+
+
+def test_full_replicator_with_outer_sgd_is_periodic_averaging(suite):
+    for rank in suite:
+        result = rank["averaging"]
+        for got, want, initial in zip(result["flexdemo"], result["reference"], result["initial"]):
+            assert not torch.equal(got, initial)
+            torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("case", HABITS)
+def test_inner_steps_are_silent_and_an_exchange_crosses_nodes_once(suite, case):
+    """An exchange's step starts one cross-node collective; the skip decision (one host sync) is taken where it is
+    waited for: the same step, or with streaming (outer_delay 1) the step after, which crosses no node."""
+    streaming = "delayed" in case
+    for rank, rank_result in enumerate(suite):
+        result = rank_result[case]
+        every = len(result["logs"]) // 2
+        for step, log in enumerate(result["logs"]):
+            crossing = [c for c in log["collectives"] if _crosses_nodes(c[1])]
+            sends, lands = (step + 1) % every == 0, (step + 1) % every == (1 if streaming else 0)
+            if not (sends or lands):
+                assert log == {"collectives": [], "syncs": []}, (step, log)  # no collective, no host sync
+                continue
+            assert [name for name, _ in crossing] == ([GATHER] if sends else []), log
+            assert not sends or rank in crossing[0][1]
+            assert log["syncs"] == (["item"] if lands else []), log["syncs"]  # the skip decision
+
+
+@pytest.mark.parametrize("case", HABITS)
+def test_replicas_bit_identical_after_every_exchange(suite, case):
+    replica_pairs = [(0, 2), (1, 3)] if "2x2" in case else [(0, 1), (0, 2), (0, 3)]
+    for a, b in replica_pairs:
+        for mine, theirs in zip(suite[a][case]["after_exchange"], suite[b][case]["after_exchange"]):
+            for name, value in mine.items():
+                assert torch.equal(value, theirs[name]), name
+    assert len(suite[0][case]["after_exchange"]) == (2 if "delayed" in case else 3)
+
+
+@pytest.mark.parametrize("case", HABITS)
+def test_bytes_equal_the_formula_on_exchange_steps_only(suite, case):
+    """R = 2 (2 nodes x 2, int2) and R = 4 (4 nodes x 1, int4): amortised, H - 1 steps of 0 and one of the formula."""
+    for rank in suite:
+        result = rank[case]
+        every = len(result["comm_stats"]) // 2
+        value_dtype = "int2" if "int2" in case else "int4"
+        expected = exchange_bytes("demo", result["local_shapes"], result["replicas"], rate=0.25, topk=None, chunk=8,
+                                  value_dtype=value_dtype)
+        assert result["replicas"] == (2 if "2x2" in case else 4)
+        for step, stats in enumerate(result["comm_stats"]):
+            exchange = (step + 1) % every == 0
+            assert stats["bytes_sent"] == stats["bytes_received"] == (expected if exchange else 0) >= 0
+            assert stats["collectives"] == int(exchange) and stats["dense_bytes"] > 0
+        assert expected > 0
+
+
+@pytest.mark.parametrize("case", RESUMES)
+def test_resume_mid_round_continues_bit_identically(suite, case):
+    """Saved one step into the second round: with overlap="delayed", the first round's exchange is in flight."""
+    for rank in suite:
+        result = rank[case]
+        assert result["equal"]
+        assert {"anchor", "delta", "exp_avg", "exp_avg_sq", "outer_avg", "local", "step"} <= set(result["keys"])
+        assert result["options"]["local_steps"] == 3 and result["options"]["outer_momentum"] == 0.9
+        assert ({"pending_delta", "pending_update"} <= set(result["keys"])) == ("delayed" in case)
+
+
+@pytest.mark.parametrize("case", ["nonfinite,bad=3", "nonfinite,bad=4"])
+def test_a_non_finite_gradient_on_one_rank_costs_every_replica_one_round(suite, case):
+    """At the defaults (streamed), a NaN on rank 1 in a round's last step (3) or while its exchange is in flight
+    (4): every rank skips one round, all state is finite again, replicas agree and the anchors move on."""
+    ranks = [rank[case] for rank in suite]
+    for rank in ranks:
+        assert rank["skipped"] == 1 and rank["finite"]
+        after, end = rank["anchors"]
+        assert all(not torch.equal(after[name], end[name]) for name in after)
+    for a, b in [(0, 2), (1, 3)]:
+        for mine, theirs in zip(ranks[a]["anchors"], ranks[b]["anchors"]):
+            for name, value in mine.items():
+                assert torch.equal(value, theirs[name]), name

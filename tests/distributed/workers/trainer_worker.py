@@ -1,0 +1,112 @@
+"""Multi-rank FlexDeMoTrainer runs on a tiny T5; each rank saves what the test asserts on to OUT/rank{r}.pt."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+from transformers import TrainingArguments
+
+from hf_flexdemo import FlexDeMoConfig, FlexDeMoTrainer
+from hf_flexdemo.testing import fixed_batch, reverse_task, tiny_t5
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--output_dir", required=True)
+    parser.add_argument("--method", default="flexdemo")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--ga", type=int, default=1)
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--save_steps", type=int, default=0)
+    parser.add_argument("--resume", default=None)
+    parser.add_argument("--shard_size", type=int, default=2, help="0: from the launcher")
+    parser.add_argument("--bf16", action="store_true")
+    parser.add_argument("--fp16", action="store_true")
+    parser.add_argument("--final_save", action="store_true")
+    parser.add_argument("--topk", type=int, default=4, help="0: the package default rate")
+    parser.add_argument("--update", default="sign", help="the step-wise rule's (local steps read none)")
+    parser.add_argument("--logging_steps", type=int, default=5)
+    parser.add_argument("--overlap", default="none")
+    parser.add_argument("--bucket_cap_mb", type=float, default=25.0)
+    parser.add_argument("--reduce_dtype", default="float32")
+    parser.add_argument("--local_steps", type=int, default=1)
+    parser.add_argument("--value_dtype", default="auto")
+    parser.add_argument("--outer_fragments", type=int, default=None, help="default: the package's choice")
+    parser.add_argument("--replicator", default="demo", help="none: one node's emulated wire")
+    parser.add_argument("--undeclared_loss_kwargs", action="store_true", help="T5 as from_pretrained gives it: "
+                        "its forward's **kwargs make Trainer take it to read num_items_in_batch")
+    args = parser.parse_args()
+
+    training_args = TrainingArguments(
+        output_dir=args.output_dir, use_cpu=True, max_steps=args.steps, per_device_train_batch_size=args.batch,
+        gradient_accumulation_steps=args.ga, learning_rate=args.lr, lr_scheduler_type="constant",
+        logging_steps=args.logging_steps, save_strategy="steps" if args.save_steps else "no",
+        save_steps=args.save_steps or 500,
+        report_to=[], seed=0, data_seed=0, max_grad_norm=0.0, bf16=args.bf16, fp16=args.fp16,
+        dataloader_drop_last=True, disable_tqdm=True,
+    )
+    knobs = {} if args.method == "adamw" else dict(  # the AdamW baseline refuses FlexDeMo knobs
+        compression_topk=args.topk or None, compression_chunk=8, overlap=args.overlap,
+        bucket_cap_mb=args.bucket_cap_mb, local_steps=args.local_steps, value_dtype=args.value_dtype,
+        outer_fragments=args.outer_fragments, replicator=args.replicator,
+        **({"update": args.update} if args.local_steps == 1 else {}))
+    shard_size = None if args.method == "demo" else args.shard_size or None  # demo shards nothing
+    config = FlexDeMoConfig(method=args.method, shard_size=shard_size, reduce_dtype=args.reduce_dtype, **knobs)
+    model = tiny_t5()
+    if args.undeclared_loss_kwargs:
+        del model.accepts_loss_kwargs
+    # Per optimizer step: whether every reduced gradient (this rank's shard) is exactly a bfloat16 value.
+    bf16_exact_grads = []
+    register_optimizer_step_pre_hook(lambda opt, *_: bf16_exact_grads.append(all(
+        bool((_local(p.grad).view(torch.int32) & 0xFFFF).eq(0).all())
+        for group in opt.param_groups for p in group["params"] if p.grad is not None)))
+    last_step = {}  # the last optimizer step's traffic (after train(), comm_stats is the end-of-run landing's)
+    register_optimizer_step_post_hook(lambda opt, *_: last_step.update(getattr(opt, "comm_stats", {})))
+    trainer = FlexDeMoTrainer(model=model, args=training_args, train_dataset=reverse_task(512),
+                              flexdemo_config=config)
+    resume = {"true": True, None: None}.get(args.resume, args.resume)
+    trainer.train(resume_from_checkpoint=resume)
+    if args.final_save:
+        trainer.save_model(args.output_dir)
+    opt = trainer.flexdemo_optimizer
+    params = {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
+              for n, p in trainer.model.named_parameters()}
+    with torch.no_grad():
+        logits = trainer.model(**fixed_batch()).logits.detach().clone()
+        with trainer._consensus():
+            consensus_logits = trainer.model(**fixed_batch()).logits.detach().clone()
+    result = {
+        "log_history": trainer.state.log_history,
+        "params": params,
+        "logits": logits,
+        "consensus_logits": consensus_logits,
+        "comm_stats": None if opt is None else dict(last_step),
+        "final_stats": None if opt is None else opt.comm_stats,
+        "topology": trainer.topology.as_dict(),
+        "fsdp": trainer.is_fsdp_enabled,
+        "mp_policy": trainer.model._get_fsdp_state()._mp_policy if trainer.is_fsdp_enabled else None,
+        "reduce_dtypes": sorted({str(m._get_fsdp_state()._fsdp_param_group._reduce_dtype)
+                                 for m in trainer.model.modules() if hasattr(m, "_get_fsdp_state")
+                                 and m._get_fsdp_state()._fsdp_param_group is not None}),
+        "bf16_exact_grads": bf16_exact_grads,
+    }
+    torch.save(result, args.out / f"rank{dist.get_rank()}.pt")
+    if dist.get_rank() == 0:
+        (args.out / "log_history.json").write_text(json.dumps(trainer.state.log_history))
+    trainer.accelerator.end_training()  # destroys the process group: exiting with it alive can abort a rank
+
+
+if __name__ == "__main__":
+    main()

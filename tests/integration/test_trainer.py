@@ -1,0 +1,192 @@
+"""Single-process FlexDeMoTrainer: configuration errors, checkpoint bookkeeping, a one-process run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import TrainingArguments
+
+from hf_flexdemo import FlexDeMo, FlexDeMoConfig, FlexDeMoTrainer
+from hf_flexdemo.testing import reverse_task, tiny_t5
+from hf_flexdemo.trainer import checkpoint
+from hf_flexdemo.trainer.comm_metrics import CommMetricsCallback, dense_bf16_bytes
+from hf_flexdemo.trainer.model_card import flexdemo_section
+from hf_flexdemo.trainer.topology import Topology
+from hf_flexdemo.wire.collectives import dense_allreduce_bytes
+
+
+def _args(tmp_path, **kwargs) -> TrainingArguments:
+    return TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], disable_tqdm=True, **kwargs)
+
+
+def test_fp16_is_refused_before_anything_is_built(tmp_path):
+    with pytest.raises(ValueError, match="fp16=True is not supported.*Accepted: bf16=True"):
+        FlexDeMoTrainer(model=tiny_t5(), args=_args(tmp_path, fp16=True))
+
+
+def test_overlap_in_backward_refuses_gradient_clipping_it_would_skip(tmp_path):
+    config = FlexDeMoConfig(overlap="backward", local_steps=1)
+    with pytest.raises(ValueError, match=r"max_grad_norm=1.0 with overlap='backward'.*Accepted: max_grad_norm=0"):
+        FlexDeMoTrainer(model=tiny_t5(), args=_args(tmp_path), flexdemo_config=config)
+    FlexDeMoTrainer(model=tiny_t5(), args=_args(tmp_path, max_grad_norm=0.0), flexdemo_config=config)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"method": "sgd"}, "method='sgd'; accepted: flexdemo | demo | adamw"),
+     ({"shard_size": 0}, "shard_size=0; accepted: None or an integer >= 1"),
+     ({"compression_topk": -1}, "compression_topk=-1; accepted: an integer >= 1"),
+     ({"update": "lion"}, "update='lion'; accepted: sign | sgd | adamw"),
+     ({"method": "adamw", "reduce_dtype": "float16"}, "reduce_dtype='float16'; accepted: float32 | bfloat16"),
+     ({"reduce_dtype": "bfloat16"}, "reduce_dtype='bfloat16' with method='flexdemo'; accepted: reduce_dtype='float32' "
+                                    "unless method='adamw'"),
+     ({"method": "demo", "reduce_dtype": "bfloat16"}, "reduce_dtype='bfloat16' with method='demo'"),
+     ({"resume_policy": "mean"}, "resume_policy='mean'; accepted: None | average | reset | keep")],
+)
+def test_config_validates_every_knob(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        FlexDeMoConfig(**kwargs)
+
+
+def test_reduce_dtype_is_the_adamw_baselines_and_not_an_optimizer_knob():
+    assert FlexDeMoConfig().reduce_dtype == "float32"
+    assert FlexDeMoConfig(method="adamw", reduce_dtype="bfloat16").reduce_dtype == "bfloat16"
+    assert "reduce_dtype" not in FlexDeMoConfig().optimizer_kwargs()
+
+
+def test_shard_size_must_divide_the_world():
+    with pytest.raises(ValueError, match=r"shard_size=3 must divide the world size 4; accepted: \[1, 2, 4\]"):
+        Topology.resolve(4, 3)
+    assert Topology.resolve(8, 4).replicate_size == 2
+
+
+def test_topology_defaults_to_the_launcher(monkeypatch):
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert Topology.resolve(8).shard_size == 4
+    monkeypatch.setenv("PARALLELISM_CONFIG_DP_SHARD_SIZE", "2")
+    assert Topology.resolve(8).shard_size == 2
+
+
+def _fake_checkpoint(path, step, complete, record):
+    path.mkdir(parents=True)
+    checkpoint.write_topology(path, record)
+    if complete:
+        checkpoint.mark_complete(path, step)
+
+
+def test_incomplete_checkpoints_are_never_resumed(tmp_path):
+    record = {"world_size": 4, "shard_size": 2, "replicate_size": 2, "method": "flexdemo"}
+    _fake_checkpoint(tmp_path / "checkpoint-10", 10, True, record)
+    _fake_checkpoint(tmp_path / "checkpoint-20", 20, False, record)
+    assert checkpoint.last_complete_checkpoint(tmp_path) == str(tmp_path / "checkpoint-10")
+    with pytest.raises(ValueError, match="checkpoint-20 is incomplete"):
+        checkpoint.check_resumable(tmp_path / "checkpoint-20", record)
+    checkpoint.check_resumable(tmp_path / "checkpoint-10", record)
+
+
+def test_resume_onto_another_topology_is_refused_without_a_policy(tmp_path):
+    """Refused before any step, naming what differs (saved, now) and the policies that would allow it; ``keep``
+    only when the number of nodes stays; a pending step-wise delayed exchange, another method or a checkpoint
+    without the rank files are refused whatever the policy (a streamed exchange of local steps reshards)."""
+    setup = {"world_size": 4, "shard_size": 2, "replicate_size": 2, "method": "flexdemo"}
+    saved = {**setup, "files": [f"flexdemo_optimizer/rank{r:05d}.pt" for r in range(4)], "pending": False,
+             "local_steps": 1, "params": [["w", [4, 4]]]}
+    _fake_checkpoint(tmp_path / "checkpoint-5", 5, True, saved)
+    path = tmp_path / "checkpoint-5"
+    assert checkpoint.check_resumable(path, setup) is False  # the same topology: exact, nothing to reshard
+    one_node = {**setup, "shard_size": 4, "replicate_size": 1}
+    with pytest.raises(ValueError, match=r"another topology; \(saved, now\) = \{'shard_size': \(2, 4\), "
+                                         r"'replicate_size': \(2, 1\)\}, and resume_policy=None.*resume_policy "
+                                         r"\(--resume_policy\) to 'average' \| 'reset' to reshard"):
+        checkpoint.check_resumable(path, one_node)
+    with pytest.raises(ValueError, match=r"resume_policy='keep'.*to 'average' \| 'reset' to reshard"):
+        checkpoint.check_resumable(path, one_node, "keep")
+    assert checkpoint.check_resumable(path, one_node, "average") is True
+    two_by_one = {**setup, "world_size": 2, "shard_size": 1}
+    with pytest.raises(ValueError, match=r"'world_size': \(4, 2\), 'shard_size': \(2, 1\).*'average' \| 'reset' \| "
+                                         r"'keep'"):
+        checkpoint.check_resumable(path, two_by_one)
+    assert checkpoint.check_resumable(path, two_by_one, "keep") is True
+    with pytest.raises(ValueError, match=r"different setup; \(saved, now\) = \{'method': \('flexdemo', 'demo'\)\}"):
+        checkpoint.check_resumable(path, {**setup, "method": "demo"}, "average")
+    checkpoint.write_topology(path, {**saved, "pending": True})
+    with pytest.raises(ValueError, match=r"pending delayed exchange \(overlap='delayed', local_steps=1\).*Accepted: "
+                                         "resume it on its own topology"):
+        checkpoint.check_resumable(path, one_node, "average")
+    checkpoint.write_topology(path, {**saved, "pending": True, "local_steps": 4})  # held per parameter: reshards
+    assert checkpoint.check_resumable(path, one_node, "average") is True
+    checkpoint.write_topology(path, setup)  # written before elastic resume
+    with pytest.raises(ValueError, match="written before elastic resume"):
+        checkpoint.check_resumable(path, one_node, "average")
+
+
+def test_one_process_trains_and_checkpoints(tmp_path):
+    args = _args(tmp_path, max_steps=6, per_device_train_batch_size=4, learning_rate=3e-3, logging_steps=3,
+                 save_steps=3, save_total_limit=1, lr_scheduler_type="constant")
+    trainer = FlexDeMoTrainer(model=tiny_t5(), args=args, train_dataset=reverse_task(64))
+    trainer.train()
+    assert trainer.topology == Topology(1, 1)
+    assert trainer.flexdemo_optimizer.comm_stats["bytes_sent"] == 0
+    assert [p.name for p in tmp_path.glob("checkpoint-*")] == ["checkpoint-6"]  # rotated after completion
+    assert json.loads((tmp_path / "checkpoint-6" / "flexdemo_complete.json").read_text()) == {"global_step": 6}
+    logs = [e for e in trainer.state.log_history if "loss" in e]
+    assert logs[-1]["loss"] < logs[0]["loss"]
+    assert "flexdemo/compression_ratio" not in logs[0]  # no inter-node traffic on one node
+    assert "flexdemo/replica_drift" not in logs[0]  # the exact drift check (the default) measures no distance
+    trainer.create_model_card(model_name="tiny")
+    card = (tmp_path / "README.md").read_text()
+    assert "## FlexDeMo training" in card and "1 node(s) x 1 process(es)" in card
+
+
+def test_the_bounded_drift_check_reaches_the_logs(tmp_path):
+    args = _args(tmp_path, max_steps=4, per_device_train_batch_size=4, logging_steps=2, save_strategy="no")
+    config = FlexDeMoConfig(on_drift="tolerate", drift_check_every=2, replicator="none")  # the emulated wire
+    trainer = FlexDeMoTrainer(model=tiny_t5(), args=args, train_dataset=reverse_task(16), flexdemo_config=config)
+    trainer.train()
+    logs = [e for e in trainer.state.log_history if "loss" in e]
+    assert len(logs) == 2  # one replica: nothing to part from
+    assert all(e["flexdemo/replica_drift"] == e["flexdemo/replica_drift_of_bound"] == 0.0 for e in logs)
+
+
+def test_compression_ratio_is_against_a_bf16_all_reduce_and_fp32_is_logged_too():
+    """Per rank and step the bf16 figure is ``dense_allreduce_bytes(numel, R, 2)``: the fp32 ``dense_bytes`` halved
+    and floored there (odd fp32 counts), before the sums over ranks and steps."""
+    for numel in (1, 7, 1000, 12345):
+        for replicas in (2, 3, 5, 7, 16):
+            assert dense_bf16_bytes(dense_allreduce_bytes(numel, replicas)) == dense_allreduce_bytes(numel, replicas, 2)
+    optimizer = FlexDeMo([torch.nn.Parameter(torch.zeros(4, 4))])
+    callback = CommMetricsCallback()
+    steps = [dense_allreduce_bytes(1001, 3), dense_allreduce_bytes(12345, 7)]  # 2668 and 84651: one odd
+    for dense in steps:
+        optimizer.comm_stats = {"bytes_sent": 100, "bytes_received": 100, "dense_bytes": dense}
+        callback.on_optimizer_step(None, None, None, optimizer=optimizer)
+    logs = callback.collect(torch.device("cpu"), optimizer)
+    bf16 = dense_allreduce_bytes(1001, 3, 2) + dense_allreduce_bytes(12345, 7, 2)
+    assert logs["flexdemo/compression_ratio"] == bf16 / 200 != sum(steps) / 2 / 200
+    assert logs["flexdemo/compression_ratio_fp32"] == sum(steps) / 200
+    card = flexdemo_section(FlexDeMoConfig(), Topology(4, 2), optimizer, total_bytes_sent=400, steps=2,
+                            parameters=16, log_history=[logs])
+    assert f"vs a dense bf16 all-reduce (AdamW-HSDP, reduce_dtype=bfloat16): 1/{bf16 / 200:.1f}" in card
+    assert f"vs a dense fp32 all-reduce (AdamW-HSDP, FSDP2's default): 1/{sum(steps) / 200:.1f}" in card
+
+
+def test_the_model_card_names_the_mode():
+    from hf_flexdemo.trainer.trainer import training_mode
+
+    assert training_mode(FlexDeMoConfig(local_steps=1)) == "compressed momentum exchange every step"
+    assert training_mode(FlexDeMoConfig(method="adamw")) == "adamw"
+    assert training_mode(FlexDeMoConfig(overlap="none")) == (
+        "local steps: 8 AdamW steps per node, then a compressed pseudo-gradient exchange (top-k of its values, plain "
+        "averaging with error feedback, outer lr 1)")
+    assert training_mode(FlexDeMoConfig()).endswith("outer lr 1, streamed: it lands 1 inner step(s) after it starts, "
+                                                    "in 4 fragments whose rounds are staggered by 2 step(s))")
+    assert "(top-k of its DCT coefficients, " in training_mode(FlexDeMoConfig(compression_transform="dct"))
+    assert training_mode(FlexDeMoConfig(outer_fragments=1)).endswith(
+        "outer lr 1, streamed: it lands 1 inner step(s) after it starts)")
+    assert "Nesterov outer momentum 0.9" in training_mode(FlexDeMoConfig(local_steps=8, outer_momentum=0.9))
+    assert "lands 2 inner step(s) after" in training_mode(FlexDeMoConfig(local_steps=8, overlap="delayed",
+                                                                          outer_delay=2))
+    assert training_mode(FlexDeMoConfig(outer_fragments=2)).endswith(
+        "it lands 1 inner step(s) after it starts, in 2 fragments whose rounds are staggered by 4 step(s))")

@@ -1,0 +1,60 @@
+"""The link estimate (``hf_flexdemo.wire.estimate``, ``python -m hf_flexdemo.doctor --parameters``): bits per
+parameter per step from the wire's byte formula, the mean load and the link that hides each fragment's exchange."""
+
+import subprocess
+import sys
+
+import pytest
+
+from hf_flexdemo.wire import compression
+from hf_flexdemo.wire.estimate import link_estimate, payload_bits_per_param
+
+# The defaults' payload per 32 x 32 block: a 1024-bit mask, 256 2-bit values and a bfloat16 scale.
+BLOCK_BYTES = 1024 // 8 + 256 * 2 // 8 + 2
+
+
+def test_the_default_block_payload_is_the_bitmask_the_values_and_the_scale():
+    assert compression.block_payload_bytes(1024, 256, "int2") == BLOCK_BYTES
+
+
+@pytest.mark.parametrize("nodes", [2, 4, 8])
+def test_bits_per_parameter_follow_the_all_gathers_formula(nodes):
+    """A round sends every block's payload (and a 1-byte flag per exchange) to each of the R - 1 other nodes, over 8
+    local steps; the 4 fragments' exchanges are a quarter of it each."""
+    side = 4096
+    exchange = (nodes - 1) * (side * side // 1024 * BLOCK_BYTES + 1) * 8 / side**2
+    per_step, per_fragment = payload_bits_per_param(nodes)
+    assert per_step == pytest.approx(exchange / 8, rel=1e-12)
+    assert per_fragment == pytest.approx(exchange / 4, rel=1e-12)
+
+
+def test_one_node_sends_nothing():
+    assert payload_bits_per_param(1) == (0.0, 0.0)
+    assert link_estimate(1e9, 1.0, 1).needed_mbits == 0.0
+
+
+def test_the_link_that_hides_the_exchange_carries_a_fragment_within_the_delay():
+    """At the defaults a fragment's exchange has one step (outer_delay=1) and the next starts two steps later, so the
+    link that hides it carries twice the mean load; outer_delay=2 (still one fragment in flight) lowers it to the
+    mean."""
+    default = link_estimate(1e9, 1.0, 2)
+    assert default.needed_mbits == pytest.approx(2 * default.mean_mbits)
+    assert default.mean_mbits == pytest.approx(default.bits_per_param * 1e9 / 1e6)
+    patient = link_estimate(1e9, 1.0, 2, {"outer_delay": 2})
+    assert patient.needed_mbits == pytest.approx(patient.mean_mbits) and patient.mean_mbits == default.mean_mbits
+    assert link_estimate(1e9, 0.5, 2).needed_mbits == pytest.approx(2 * default.needed_mbits)
+
+
+def test_fewer_bits_with_more_local_steps_and_bad_knobs_are_refused():
+    assert payload_bits_per_param(2, {"local_steps": 16})[0] == pytest.approx(payload_bits_per_param(2)[0] / 2,
+                                                                              rel=1e-3)
+    with pytest.raises(ValueError, match="invalid compression_rate=2"):
+        link_estimate(1e9, 1.0, 2, {"compression_rate": 2})
+
+
+def test_the_doctor_prints_the_estimate_without_launching():
+    out = subprocess.run([sys.executable, "-m", "hf_flexdemo.doctor", "--parameters", "1e9", "--step_seconds", "1",
+                          "--nodes", "2"], capture_output=True, text=True, check=True).stdout
+    expected = link_estimate(1e9, 1.0, 2)
+    assert out.strip() == expected.describe()
+    assert f"{expected.bits_per_param:.3g} bits per parameter per step" in out and "2 nodes" in out

@@ -1,0 +1,362 @@
+"""The result figures of docs/results.md (and the README's headline table) equal the committed JSON they quote
+(issue 21): a table is pasted from its JSON, a figure is the JSON's value in the page's rounding. A rerun that
+changes a JSON fails here until the page follows it, and every JSON in benchmarks/results records the commit it
+ran at, from a clean tree."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "benchmarks" / "results"
+PAGE = (ROOT / "docs" / "results.md").read_text()  # every result; the README keeps a headline table
+PROSE = " ".join(PAGE.split())  # the text with its line breaks as spaces
+
+
+def result(name: str) -> dict:
+    return json.loads((RESULTS / f"{name}.json").read_text())
+
+
+@pytest.mark.parametrize("name", ["replicator_bytes", "replicator_bytes_step_wise"])
+def test_the_bytes_crossovers_are_the_json(name):
+    """The defaults' table is pasted; both crossovers (bf16, fp32) of the defaults and of the step-wise mode."""
+    data = result(name)
+    if name == "replicator_bytes":
+        assert data["table"].strip() in PAGE
+    crossover, steps = data["crossover"], data["settings"]["local_steps"]
+    assert f"`4 n H / payload` = {crossover['demo_ge_dense_bf16_from_R_exact']:.2f} with H = {steps}" in PAGE
+    assert f"R ≈ {crossover['demo_ge_dense_from_R_exact']:.1f}" in PAGE
+
+
+@pytest.mark.parametrize("name", ["convergence_quick", "convergence_long"])
+def test_the_convergence_tables_are_the_json(name):
+    data = result(name)
+    methods, gaps = data["methods"], data["final_eval_loss_gap_vs_adamw_pct"]
+    adamw_bytes = methods["adamw"]["bytes_sent"]["per_step"]
+    for name in ("flexdemo", "step_wise", "demo"):
+        run = methods[name]
+        per_step = run["bytes_sent"]["per_step"]
+        figures = (f"{run['final_eval_loss']:.3f}", f"{gaps[name]:+.2f} %", f"{run['bleu']:.2f}", f"{run['chrf']:.2f}",
+                   f"{per_step:.4g}".replace("e+0", "e"), f"{adamw_bytes / 2 / per_step:.1f}",
+                   f"{adamw_bytes / per_step:.1f}")
+        for figure in figures:
+            assert figure in PAGE, (name, figure)
+    assert f"{methods['adamw']['final_eval_loss']:.3f}" in PAGE
+
+
+@pytest.mark.parametrize("name", ["sweep_density", "sweep_levers"])
+def test_the_step_wise_sweep_tables_are_the_json(name):
+    """Every run of the two sweeps that chose the step-wise rule is one row: final loss, gap, bytes per step and
+    the ratio to a bf16 all-reduce."""
+    data = result(name)
+    bf16 = data["runs"]["adamw lr=0.003"]["bytes_sent"]["per_step"] / 2
+    lines = PAGE.splitlines()
+    for row in data["rows"]:
+        assert row["status"] == "ok", row["key"]
+        gap = "–" if row["gap_pct"] is None else f"{row['gap_pct']:+.2f} %"
+        cells = (f"| {row['final_eval_loss']:.3f} | {gap} | {row['bytes_per_step']:.4g} | "
+                 f"{bf16 / row['bytes_per_step']:.1f} |").replace("e+0", "e")
+        assert sum(line.endswith(cells) for line in lines) == 1, row["key"]
+
+
+def test_the_fragments_bandwidth_figures_are_the_json():
+    """Streaming by fragments against the whole model at once, one run each (10 rounds), as the page quotes."""
+    ratios = {fragments: {int(row["link_mbit"]): row["step_over_compute_only"]
+                          for row in result(f"bandwidth_fragments_{fragments}")["rows"] if row["method"] == "flexdemo"}
+              for fragments in (1, 2, 4)}
+    assert f"At 10 Mbit/s F = 1 is {ratios[1][10]:.2f} × compute-only" in PAGE
+    assert f"F = 2 {ratios[2][10]:.2f} × and **F = 4 {ratios[4][10]:.2f} ×, within the 1.15 ×**" in PAGE
+    assert ratios[4][10] <= 1.15
+    assert f"Mbit/s {ratios[1][100]:.2f} ×, {ratios[2][100]:.2f} × and {ratios[4][100]:.2f} ×" in PAGE
+    knob_row = (f"with F = 4, {ratios[4][10]:.2f} × the compute-only step at 10 Mbit/s against F = 1's "
+                f"{ratios[1][10]:.2f} ×")
+    assert knob_row in PAGE
+
+
+def test_the_fragments_step_figures_are_the_json():
+    """The run from before fragments were the default (its ``flexdemo`` is one round), and today's: the defaults
+    (fragments) against the whole model in one round, step by step."""
+    methods = result("optimizer_step_fragments")["methods"]
+    adamw, one_round, fragments = (methods[name] for name in ("adamw", "flexdemo", "flexdemo_fragments"))
+    assert (f"gave the\ndefaults of the day {one_round['mean_s'] / adamw['mean_s']:.2f} × AdamW's mean step and the "
+            f"fragments {fragments['mean_s'] / adamw['mean_s']:.2f} ×, with a step-to-step IQR of "
+            f"{fragments['iqr_s']:.3f} s\nagainst {one_round['iqr_s']:.3f} s (slowest step "
+            f"{max(fragments['step_seconds']):.2f} s against {max(one_round['step_seconds']):.2f} s)") in PAGE
+    data = result("optimizer_step")
+    methods, steps = data["methods"], data["settings"]["flexdemo_local_steps"]
+    defaults, one_round = methods["flexdemo"]["step_seconds"], methods["flexdemo_one_round"]["step_seconds"]
+    # timed from a round's start: the step the previous round lands in, inner steps, the step that sends
+    inner = [s for i, s in enumerate(one_round) if i % steps not in (0, steps - 1)]
+    sends, lands = one_round[steps - 1::steps], one_round[0::steps]
+    spread = f"{min(defaults):.2f}–{max(defaults):.2f} s (IQR {methods['flexdemo']['iqr_s']:.3f} s)"
+    assert f"defaults' steps take {spread}" in PROSE
+    assert f"takes {min(inner):.2f}–{max(inner):.2f} s for each inner step" in PROSE
+    assert f"{min(sends):.2f}–{max(sends):.2f} s for the step that compresses and sends and " \
+           f"{min(lands):.2f}–{max(lands):.2f} s for the one the exchange lands in" in PROSE
+
+
+def test_the_overlap_table_is_the_json():
+    data = result("sweep_overlap")
+    adamw = data["runs"]["adamw lr=0.003"]["curve"][-1]["eval_loss"]
+    assert f"| FlexDeMo (step-wise) | final val loss | vs AdamW ({adamw:.3f}) |" in PAGE
+    for key, overlap, lr in (("flexdemo lr=0.003 overlap=none", "none", "3e-3"),
+                             ("flexdemo lr=0.003 overlap=delayed", "delayed", "3e-3"),
+                             ("flexdemo lr=0.001 overlap=delayed", "delayed", "1e-3")):
+        loss = data["runs"][key]["curve"][-1]["eval_loss"]
+        row = f"| {loss:.3f} | {100 * (loss / adamw - 1):+.2f} % |"
+        assert any(line.startswith(f"| `overlap=\"{overlap}\"`") and f"lr {lr} |" in line and line.endswith(row)
+                   for line in PAGE.splitlines()), key
+
+
+def test_the_optimizer_step_table_is_the_json():
+    data = result("optimizer_step")
+    methods, adamw = data["methods"], data["methods"]["adamw"]["mean_s"]
+    for name, method in methods.items():
+        cells = f"| {method['median_s']:.3f} | {method['mean_s']:.3f} | "
+        assert cells in PAGE, name
+        assert f"{method['mean_s'] / adamw:.2f}" in PAGE, name
+    ratio = data["ratios"]["flexdemo/adamw (mean)"]
+    assert f"**{ratio:.2f}: {'met' if ratio <= 1.5 else 'missed'}**" in PAGE
+    repeat = result("optimizer_step_repeat")["ratios"]  # the same command again, right after
+    assert (f"({repeat['flexdemo/adamw (mean)']:.2f} in the run after it; "
+            f"{data['ratios']['flexdemo/adamw_foreach (mean)']:.2f} × its foreach implementation's step, "
+            f"{repeat['flexdemo/adamw_foreach (mean)']:.2f} in the second run;") in PROSE
+
+
+@pytest.mark.parametrize("name", ["bandwidth_quick", "bandwidth_budget_overlap"])
+def test_the_bandwidth_figures_are_the_json(name):
+    """Every row of the quick run is in the table (step, its ratio to compute-only, link and reported bytes); the
+    budget-with-overlap run's 10 Mbit/s ratios in the text."""
+    data = result(name)
+    for row in data["rows"]:
+        if name == "bandwidth_quick":
+            cells = (f"| {row['step_seconds']:.3f} ({row['step_statistic']}) | {row['step_over_compute_only']:.2f} |",
+                     f"| {row['link_bytes_per_step']:.4g} | {row['reported_bytes_per_step']:.4g} |")
+            assert all(c in PAGE for c in cells), (row["link_mbit"], row["method"])
+        elif row["link_mbit"] == 10 and row["method"].startswith("flexdemo"):
+            assert f"{row['step_over_compute_only']:.2f} ×" in PAGE, row["method"]
+    best = {t["link_mbit"]: t["variants"]["flexdemo"]["value"] for t in data["targets"].values()
+            if "flexdemo" in t["variants"]}
+    for link, value in best.items():
+        assert f"{value:.2f}: {'met' if value <= {10.0: 1.15, 100.0: 1.05}[link] else 'missed'}" in PAGE, link
+
+
+def test_the_later_landing_probes_are_the_json():
+    slow = {delay: next(r for r in result(f"bandwidth_outer_delay_{delay}")["rows"]
+                        if r["link_mbit"] == 10 and r["method"] == "flexdemo") for delay in (2, 3)}
+    assert f"τ = 2 is {slow[2]['step_over_compute_only']:.2f} × at 10 Mbit/s" in PAGE
+    assert f"waiting, {slow[2]['exchange_wait_over_step']:.2f} of the" in PAGE
+    assert f"τ = 3 {slow[3]['step_over_compute_only']:.2f} × with nothing waited" in PAGE
+    assert slow[3]["exchange_wait_over_step"] < 0.01
+
+
+def test_the_time_to_target_figures_are_the_json():
+    data = result("time_to_target_quick")
+    assert f"the target at **{data['compute_only']['seconds']:.1f} s**" in PAGE
+    for link, ratios in data["vs_compute_only"].items():
+        flexdemo, adamw = data["time_to_target"][link]["flexdemo"], data["time_to_target"][link]["adamw"]
+        cells = f"| {flexdemo['seconds']:.1f} (step {flexdemo['step']:.0f}) | **{ratios['flexdemo']:.2f}** |"
+        assert cells in PAGE, link
+        if adamw["reached"]:
+            assert f"| {adamw['seconds']:.1f} (step {adamw['step']:.0f}) | {ratios['adamw']:.2f} |" in PAGE, link
+        else:
+            assert f"≥ {ratios['adamw_lower_bound']:.2f} (projected {ratios['adamw_projected']:.2f})" in PAGE, link
+    assert f"**{data['speedup_to_target']['25']:.2f}** |" in PAGE
+    assert f"{data['speedup_to_target']['25']:.2f} × sooner than AdamW-HSDP" in PAGE
+    assert not any(t[m]["at_boundary"] for t in data["time_to_target"].values() for m in ("adamw", "flexdemo"))
+
+
+def test_the_local_steps_table_is_the_json():
+    """Every local-steps run of sweep_local.json has its row: CPU, final loss, gap against AdamW of the same seed on
+    the same CPU (seed 42 on the Xeon: convergence_quick_xeon.json), bytes per step and the ratios against bf16 and
+    fp32 AdamW-HSDP."""
+    data, xeon = result("sweep_local"), result("convergence_quick_xeon")
+
+    def cpu(run: dict) -> str:
+        return "Xeon" if "Xeon" in data["invocations"][run["invocation"]]["machine"]["cpu_model"] else "EPYC"
+
+    runs = [run for run in data["runs"].values() if run["status"] == "ok"]
+    adamw = {(run["knobs"].get("seed", 42), cpu(run)): (run["curve"][-1]["eval_loss"], run["bytes_sent"]["per_step"])
+             for run in runs if run["method"] == "adamw"}
+    assert "Xeon" in xeon["machine"]["cpu_model"]
+    reference = xeon["methods"]["adamw"]
+    adamw[42, "Xeon"] = (reference["final_eval_loss"], reference["bytes_sent"]["per_step"])
+    rows = [line for line in PAGE.splitlines() if line.startswith("| ")]
+    for run in (r for r in runs if r["method"] == "flexdemo"):
+        knobs = run["knobs"]
+        base_loss, base_bytes = adamw[knobs.get("seed", 42), cpu(run)]
+        loss, per_step = run["curve"][-1]["eval_loss"], run["bytes_sent"]["per_step"]
+        bytes_cell = f"{per_step:.4g}".replace("e+0", "e")
+        cells = (f"| {knobs['value_dtype']} | {knobs.get('compression_transform', 'dct')} |",
+                 f"| {knobs.get('seed', 42)} | {cpu(run)} | {loss:.3f} | {100 * (loss / base_loss - 1):+.2f} % | "
+                 f"{bytes_cell} | {base_bytes / 2 / per_step:.1f} | {base_bytes / per_step:.1f} |")
+        assert any(line.startswith(f"| {knobs['local_steps']}") and all(c in line for c in cells) for line in rows), \
+            cells
+
+
+def test_the_local_steps_1000_step_table_is_the_json():
+    data = result("sweep_local_long")
+    runs = [run for run in data["runs"].values() if run["status"] == "ok"]
+    final = {(run["method"], run["knobs"].get("local_steps", 1), run["knobs"].get("overlap", "none"),
+              run["knobs"].get("outer_fragments", 1), run["knobs"].get("compression_transform", "dct"),
+              run["knobs"].get("seed", 42)): run["curve"][-1]["eval_loss"] for run in runs}
+    for steps, overlap, fragments, transform in ((4, "none", 1, "dct"), (4, "delayed", 1, "dct"),
+                                                 (4, "delayed", 4, "dct"), (8, "delayed", 4, "dct"),
+                                                 (8, "delayed", 4, "none")):
+        losses = [final["flexdemo", steps, overlap, fragments, transform, seed] for seed in (42, 7)]
+        gaps = [100 * (loss / final["adamw", 1, "none", 1, "dct", seed] - 1) for loss, seed in zip(losses, (42, 7))]
+        row = (f"| {losses[0]:.3f} | {losses[1]:.3f} | {gaps[0]:+.2f} % | {gaps[1]:+.2f} % | "
+               f"**{sum(gaps) / 2:+.2f} %** |")
+        assert row in PAGE, (overlap, fragments)
+        if steps == 8 and transform == "none":  # the defaults
+            assert f"without the DCT {sum(gaps) / 2:+.2f} % at 1,000 steps" in PAGE
+            assert f"parity (≤ 2 %, mean of two seeds) is met by the defaults: {sum(gaps) / 2:+.2f} %" in PROSE
+        elif steps == 8:
+            assert f"rounds of 8 steps in 4 fragments are {sum(gaps) / 2:+.2f} % at 1,000 steps" in PAGE
+        elif overlap == "none":
+            assert f"(waiting for each whole-model exchange: {sum(gaps) / 2:+.2f} %;" in PROSE
+        elif fragments == 1:
+            assert f"streamed in one round: {sum(gaps) / 2:+.2f} %)" in PAGE
+        else:  # the defaults before
+            assert f"at 1,000 steps F = 4 is {sum(gaps) / 2:+.2f} % against" in PAGE
+            assert f"the defaults before (rounds of 4 with the DCT) {sum(gaps) / 2:+.2f} % at 42.2 ×" in PROSE
+    adamw = [final["adamw", 1, "none", 1, "dct", seed] for seed in (42, 7)]
+    assert f"| AdamW-HSDP | {adamw[0]:.3f} | {adamw[1]:.3f} |" in PAGE
+
+
+def test_the_local_time_to_target_figures_are_the_json():
+    data = result("time_to_target_local")
+    assert data["settings"]["flexdemo"] == ["local_steps=4", "value_dtype=int2"]
+    for link, ratios in data["vs_compute_only"].items():
+        flexdemo = data["time_to_target"][link]["flexdemo"]
+        assert f"| {flexdemo['seconds']:.1f} (step {flexdemo['step']:.0f}) | **{ratios['flexdemo']:.2f}**" in PAGE
+
+
+def test_the_mixed_hardware_figures_are_the_json():
+    runs = {(run["update"], run["policy"]): run for run in result("replica_drift")["runs"]}
+    free = runs["sgd", "none"]["worst"]
+    assert f"{free['max_abs']:.3g} = {free['max_over_lr']:.1e} `lr`".replace("e-04", "e-4") in PAGE
+    assert f"{runs['adamw', 'none']['worst']['max_abs']:.3g} for `\"adamw\"`" in PAGE
+    assert runs["sign", "none"]["worst"]["max_abs"] == 0
+    assert {runs[u, "raise"]["stopped_at"] for u in ("sgd", "adamw")} == {50}
+    assert all(runs[u, "tolerate"]["error"] is None for u in ("sgd", "sign", "adamw"))
+
+
+def test_the_elastic_resume_figures_are_the_json():
+    for name, run in result("elastic_resume")["resumes"].items():
+        old, new = run["gap_pct_vs_old_topology"]["100"], run["gap_pct_vs_new_topology"]["100"]
+        policy = name.rsplit("_", 1)[1]
+        assert f"`{policy}` {old:+.2f} % / {new:+.2f} %" in PAGE, name
+        assert run["loaded_exactly"] and round(abs(old), 2) <= 1.00 and old * new < 0  # between the straight runs
+
+
+def test_the_streamed_time_to_target_figures_are_the_json():
+    data, waiting = result("time_to_target_streaming"), result("time_to_target_local")
+    assert data["settings"]["flexdemo"] == ["local_steps=4", "value_dtype=int2", "overlap=delayed"]
+    assert f"crosses the target at {data['compute_only']['seconds']:.1f} s (step {data['compute_only']['step']:.0f})" \
+        in PAGE
+    for link, ratios in data["vs_compute_only"].items():
+        flexdemo = data["time_to_target"][link]["flexdemo"]
+        assert not flexdemo["at_boundary"]
+        cells = f"| {flexdemo['seconds']:.1f} (step {flexdemo['step']:.0f}) | **{ratios['flexdemo']:.2f}**"
+        assert cells in PAGE, link
+        assert f"| {waiting['vs_compute_only'][link]['flexdemo']:.2f} |" in PAGE, link
+    adamw = data["time_to_target"]["1000"]["adamw"]
+    assert f"projects to {adamw['projected_seconds']:.1f} s" in PAGE
+
+
+@pytest.mark.parametrize(("name", "flexdemo"), [
+    ("time_to_target_rounds_of_8_no_transform", ["local_steps=8", "compression_transform=none"]),  # the defaults
+    ("time_to_target_fragments", "FlexDeMoConfig defaults (no FlexDeMo flag passed)"),  # the defaults before
+])
+def test_the_default_time_to_target_figures_are_the_json(name, flexdemo):
+    """The runs at the package defaults, and before (rounds of 4 with the DCT): every link's FlexDeMo and AdamW
+    cells, the compute-only crossing, each run's step time, and the optimizer's wait the text quotes."""
+    data = result(name)
+    assert data["settings"]["flexdemo"] == flexdemo
+    reference = data["compute_only"]
+    assert f"crosses the target at {reference['seconds']:.1f} s (step {reference['step']:.0f}):" in PAGE
+    runs = {(run["method"], run["link"]["rate_mbit"]): run for run in data["runs"]}  # compute-only: rate None
+    for link, ratios in data["vs_compute_only"].items():
+        flexdemo, adamw = data["time_to_target"][link]["flexdemo"], data["time_to_target"][link]["adamw"]
+        assert not flexdemo["at_boundary"] and not adamw["at_boundary"]
+        per_step = runs["flexdemo", float(link)]["seconds_per_step"]
+        assert f"| {flexdemo['seconds']:.1f} (step {flexdemo['step']:.0f}) | **{ratios['flexdemo']:.2f}**" in PAGE
+        assert f"| {per_step:.3f} |" in PAGE, link
+        if adamw["reached"]:
+            assert f"| {adamw['seconds']:.1f} (step {adamw['step']:.0f}) | {ratios['adamw']:.2f}: FlexDeMo " \
+                   f"{data['speedup_to_target'][link]:.2f} × sooner" in PAGE
+        else:
+            assert f"> {adamw['lower_bound_seconds']:.1f} (stopped at step" in PAGE, link
+            assert f"projected {adamw['projected_seconds']:.1f})" in PAGE, link
+            assert f"≥ {ratios['adamw_lower_bound']:.2f} (projected {ratios['adamw_projected']:.2f})" in PAGE, link
+    waits = {link: run["flexdemo_comm_seconds_per_step"] for (method, link), run in runs.items()
+             if method == "flexdemo"}
+    assert max(waits.values()) < 0.001  # "rank 0 waited 0.7 ms per step"
+    assert f"waited {1000 * waits[10.0]:.1f} ms per step for its exchanges" in PAGE
+
+
+def test_the_rounds_of_8_figures_are_the_json():
+    """Rounds of 8 steps in 4 fragments: the step (its own optimizer_step run) and the slow-link steps."""
+    step = result("optimizer_step_rounds_of_8")
+    assert step["settings"]["flexdemo"] == ["local_steps=8"] and step["settings"]["flexdemo_local_steps"] == 8
+    ratio = step["ratios"]["flexdemo/adamw (mean)"]
+    assert f"cheaper: {ratio:.2f} × AdamW's mean step (`python benchmarks/optimizer_step.py" in PAGE
+    assert f"and {ratio:.2f} × AdamW's mean step, \"Local steps\")" in PAGE
+    links = {row["link_mbit"]: row["step_over_compute_only"] for row in result("bandwidth_rounds_of_8")["rows"]
+             if row["method"] == "flexdemo"}
+    assert f"10 Mbit/s step {links[10]:.2f} × compute-only, 100 Mbit/s {links[100]:.2f} ×" in PAGE
+    bare = result("optimizer_step_rounds_of_8_no_transform")
+    assert bare["settings"]["flexdemo"] == ["local_steps=8", "compression_transform=none"]
+    ratio = bare["ratios"]["flexdemo/adamw (mean)"]
+    assert ratio <= 1.5 and f"measures {ratio:.2f} × AdamW's mean step, the only" in PAGE
+
+
+def test_the_compile_probe_table_is_the_json():
+    data = result("compile_probe")
+    assert data["table"].strip() in PAGE
+    totals = data["totals"]
+    slower = totals["round"]["default"]["median_s"] / totals["round"]["eager_s"]
+    assert slower > 1 and f"runs\n{slower:.2f} × slower than eager" in PAGE
+    assert all(phase["default"]["bit_identical"] in (True, None) for phase in totals.values())
+
+
+@pytest.mark.parametrize("name", sorted(path.stem for path in RESULTS.glob("*.json")))
+def test_every_result_records_a_clean_commit_taken_at_start(name):
+    data = result(name)
+    for header in data.get("invocations", [data]):  # a sweep: every invocation that added runs
+        assert len(header["git_commit"]) == 40 and header["git_dirty"] is False
+
+
+def test_the_final_rounds_table_is_the_json():
+    """docs/how-it-works.md "The end of a run": each seed's loss after each way to end the run, and its bytes."""
+    docs = (ROOT / "docs" / "how-it-works.md").read_text()
+    rows = {"anchors": "anchors only (before `finish()`)", "compressed": "final round, compressed (the default)",
+            "dense": "final round, dense float32"}
+    runs = [result(f"final_rounds_quick_seed{seed}") for seed in (42, 43)]
+    for key, label in rows.items():
+        ends = [run["methods"]["flexdemo"]["final_rounds"][key] for run in runs]
+        losses = [f"{end['eval_loss']:.4f}" for end in ends]
+        if key == "compressed":
+            losses = [f"**{loss}**" for loss in losses]
+        sent = ends[0].get("bytes_sent", 0)
+        assert sent == ends[1].get("bytes_sent", 0)
+        assert f"| {label} | {losses[0]} | {losses[1]} | {sent:,.0f} |" in docs
+    assert all(run["git_commit"].startswith("d842b3f") and not run["git_dirty"] for run in runs)
+    assert "at commit d842b3f from a clean tree" in docs
+
+
+@pytest.mark.parametrize("method", ["flexdemo", "step_wise"])
+def test_the_house_refactor_trained_the_same_bit_for_bit(method):
+    """The same quick run before and after the refactor, on one machine: every evaluation's loss and the bytes are
+    equal, and the page quotes them."""
+    before, after = result(f"house_before_{method}"), result(f"house_after_{method}")
+    assert before["machine"]["cpu_model"] == after["machine"]["cpu_model"]
+    assert before["git_commit"] != after["git_commit"] and not before["git_dirty"] and not after["git_dirty"]
+    ran = [run["methods"][method] for run in (before, after)]
+    assert ran[0]["curve"] == ran[1]["curve"] and ran[0]["bytes_sent"]["total"] == ran[1]["bytes_sent"]["total"]
+    loss, sent = repr(ran[0]["final_eval_loss"]), f"{int(ran[0]['bytes_sent']['total']):,}"
+    assert f"{loss} / {loss} | {sent} / {sent} |" in PAGE

@@ -1,0 +1,60 @@
+"""A sweep's rerun measures what its committed JSON's run keys meant.
+
+A run key names only the knobs the run set; the rest came from the package defaults of the day, and defaults
+move. ``benchmarks/sweep.py`` pins each grid's defaults of its day ("pin"). This test rebuilds, for every
+committed run, the ``FlexDeMoConfig`` that key and pin give today and compares it with the configuration the run
+recorded, field by field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+from pathlib import Path
+
+import pytest
+
+from hf_flexdemo import FlexDeMoConfig
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+# Fields that do not change what a run computes: the drift guard's action, and the topology and seed fields the
+# runner fills in (a run's seed is a TrainingArguments flag, in its key).
+NOT_COMPARED = {"on_drift", "shard_size", "seed"}
+
+
+@pytest.fixture(scope="module")
+def sweep():
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(BENCHMARKS))
+        yield importlib.import_module("sweep")
+
+
+def committed_runs(sweep, grid: str) -> list[tuple[dict, dict]]:
+    """(grid run, committed record) for every FlexDeMo run of ``grid`` in its committed JSON."""
+    path = BENCHMARKS / "results" / f"sweep_{grid}.json"
+    records = json.loads(path.read_text())["runs"]
+    return [(run, records[sweep.run_key(run)]) for run in sweep.GRIDS[grid]["runs"]
+            if run["method"] != "adamw" and sweep.run_key(run) in records]
+
+
+@pytest.mark.parametrize("grid", ["density", "levers", "overlap", "local", "local_long"])
+def test_a_rerun_builds_the_configuration_each_committed_run_recorded(sweep, grid):
+    pairs = committed_runs(sweep, grid)
+    assert pairs, f"no committed FlexDeMo run of grid {grid!r}"
+    pin = sweep.GRIDS[grid].get("pin", {})
+    for run, record in pairs:
+        knobs = {k: v for k, v in {**pin, **run["knobs"]}.items() if k not in sweep.TRAINING_KNOBS}
+        rebuilt = dataclasses.asdict(FlexDeMoConfig(method=run["method"], **knobs))
+        differing = {field: (value, rebuilt[field]) for field, value in record["flexdemo_config"].items()
+                     if field in rebuilt and field not in NOT_COMPARED and rebuilt[field] != value}
+        assert not differing, f"{sweep.run_key(run)}: recorded vs rebuilt {differing}"
+
+
+def test_the_pins_are_needed(sweep):
+    """Without its pin, a rerun of the step-wise rule's sweep would not run the committed rule: today's default is
+    local steps, which read no step-wise rule, so the run's knobs are refused."""
+    run, record = next((r, rec) for r, rec in committed_runs(sweep, "density") if "momentum" not in r["knobs"])
+    assert record["flexdemo_config"]["local_steps"] == 1 and "local_steps" not in run["knobs"]
+    with pytest.raises(ValueError, match=r"only the step-wise mode .* reads it; set local_steps=1"):
+        FlexDeMoConfig(method=run["method"], **run["knobs"])
