@@ -98,9 +98,7 @@ def _entries() -> dict[str, dict[str, str]]:
     it is set, and its help text."""
     fields = {f.name: f for f in dataclasses.fields(FlexDeMoConfig)}
     hints = typing.get_type_hints(FlexDeMoConfig)
-    in_force = dataclasses.asdict(FlexDeMoConfig())  # the defaults, "auto" and None resolved
-    if in_force["compression_rate"] is None and in_force["compression_topk"] is None:
-        in_force["compression_rate"] = knobs.DEFAULT_RATE
+    in_force = knobs.with_default_rate(dataclasses.asdict(FlexDeMoConfig()))  # the defaults, "auto" and None resolved
     entries: dict[str, dict[str, str]] = {}
     for name in [*fields, *(key for key in knobs.DEFAULTS if key not in fields)]:
         if name in knobs.BY_NAME:

@@ -303,6 +303,14 @@ def resolve(values: dict[str, Any]) -> dict[str, Any]:
                                                        values["outer_delay"])}
 
 
+def with_default_rate(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with ``compression_rate`` at :data:`DEFAULT_RATE` where nothing else chooses the share that travels
+    (no rate, no top-k, no budget)."""
+    if all(values[key] is None for key in ("compression_rate", "compression_topk", "budget_bytes", "budget_fraction")):
+        return {**values, "compression_rate": DEFAULT_RATE}
+    return values
+
+
 def mode_of(local_steps: int) -> str:
     """The mode ``local_steps`` selects: ``"local"`` (H > 1) or ``"step-wise"`` (1)."""
     return "local" if local_steps > 1 else "step-wise"

@@ -103,10 +103,8 @@ class FlexDeMo(Optimizer):
         given = knobs.apply_preset(preset, knob_values({key: value for key, value in locals().items()
                                                         if key in DEFAULTS or key in POLICY_CLASSES}))
         knobs.validate(given)
-        if all(given[key] is None for key in ("compression_rate", "compression_topk", "budget_bytes",
-                                              "budget_fraction")):
-            given["compression_rate"] = DEFAULT_RATE
-        given = knobs.resolve(given)  # once, so that state_dict records the wire and schedule actually used
+        # resolved once, so that state_dict records the wire and schedule actually used
+        given = knobs.resolve(knobs.with_default_rate(given))
         super().__init__(params, {key: given[key] for key in PER_GROUP})
         self.options: dict[str, Any] = {key: given[key] for key in OPTIMIZER_WIDE}
         for group in self.param_groups:

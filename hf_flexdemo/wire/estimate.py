@@ -46,9 +46,7 @@ def resolved(overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """The knobs in force: the defaults with ``overrides``, validated and resolved (``"auto"``, ``None``)."""
     values = {**knobs.DEFAULTS, **(overrides or {})}
     knobs.validate(values)
-    if all(values[k] is None for k in ("compression_rate", "compression_topk", "budget_bytes", "budget_fraction")):
-        values["compression_rate"] = knobs.DEFAULT_RATE
-    return knobs.resolve(values)
+    return knobs.resolve(knobs.with_default_rate(values))
 
 
 def payload_bits_per_param(nodes: int, overrides: dict[str, Any] | None = None, *, side: int = 4096) -> tuple[float,
