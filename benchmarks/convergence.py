@@ -11,12 +11,20 @@ T5 recipe's data, tokenizer and metric code (``convergence_worker.py``). Data: M
 
     python benchmarks/convergence.py --quick             # 2+2-layer d128 T5, 300 steps: 8 min on 2 cores
     python benchmarks/convergence.py --long              # the same model, 1,000 steps: ~45 min on 2 cores
+    python benchmarks/convergence.py --horizon           # the same model, 2,000 steps: rounds are many
+    python benchmarks/convergence.py --horizon --nodes 8 --procs_per_node 1 --scaling weak  # node scaling
     python benchmarks/convergence.py --quick --lr_sweep  # 3 learning rates x 3 methods, no BLEU: ~20-25 min
     python benchmarks/convergence.py                     # 4+4-layer d256 T5, 2000 steps: ~4.5 h on 2 cores
 
 Durations on this 2-core machine: ``--quick`` measured 470 s (about 150 s per method, a third of it
 process start and data loading); the sweep is 9 such runs without BLEU; the full run is estimated
 from a 20-step probe (2.4 s per step and 7.5 s per evaluation with 4 ranks on 2 cores: ~1.4 h per method).
+
+Topology: ``--nodes R --procs_per_node S`` (default 2 x 2, one ``torchrun --nproc_per_node R*S`` job with
+``shard_size=S``). The preset's ``batch_size`` is per rank at 2 x 2 (a global batch of ``4 * batch_size``); at other
+topologies ``--scaling strong`` keeps that global batch (each node steps on ``1/R`` of it, as the node count grows
+the hardest case for local steps) and ``--scaling weak`` keeps the batch per node (``2 * batch_size``), so the global
+batch grows with R, as when a user adds nodes. AdamW-HSDP runs on the same topology and global batch.
 
 Learning rates: ``--lrs METHOD=LR ...`` if given; else the ones ``--lr_sweep`` chose, read from
 ``results/convergence[_quick]_lr_sweep.json``; else the built-in ``DEFAULT_LRS`` (chosen by
@@ -49,7 +57,7 @@ METHODS = ("adamw", "flexdemo", "step_wise", "demo")  # adamw first: the referen
 # topology, preset "step-wise"); "demo" is DeMo: its published rule and density (the demo-paper preset) on its
 # topology (every rank a replica). A benchmark method -> (FlexDeMoConfig.method, preset).
 METHOD_SETUPS = {"step_wise": ("flexdemo", "step-wise"), "demo": ("demo", "demo-paper")}
-NPROC, SHARD_SIZE = 4, 2  # 2 nodes x 2 processes
+REFERENCE_NODES, REFERENCE_PROCS = 2, 2  # the topology a preset's per-rank batch_size is for
 GAP_TARGET_PCT = 2.0  # issue #9: FlexDeMo's final validation loss within 2 % of AdamW's
 BYTES_RATIO_TARGET = 8.0  # ... with at least 8x fewer inter-node bytes per step
 # The learning rates benchmarks/sweep.py measured best on this data (results/sweep_density.json: 3e-3 against
@@ -67,6 +75,11 @@ PRESETS: dict[str, dict[str, Any]] = {
         "d_model": 128, "d_ff": 512, "num_layers": 2, "num_heads": 4, "vocab_size": 4000, "batch_size": 16,
         "max_steps": 1000, "warmup_steps": 50, "eval_steps": 100, "logging_steps": 50, "bleu_samples": 256,
         "timeout_s": 1800,
+    },
+    "horizon": {  # the quick model over 2,000 steps: at H = 8 250 rounds, at H = 30 66
+        "d_model": 128, "d_ff": 512, "num_layers": 2, "num_heads": 4, "vocab_size": 4000, "batch_size": 16,
+        "max_steps": 2000, "warmup_steps": 100, "eval_steps": 200, "logging_steps": 50, "bleu_samples": 256,
+        "timeout_s": 4 * 3600,
     },
     "full": {
         "d_model": 256, "d_ff": 1024, "num_layers": 4, "num_heads": 4, "vocab_size": 8000, "batch_size": 32,
@@ -101,6 +114,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     presets = parser.add_mutually_exclusive_group()
     presets.add_argument("--quick", action="store_true", help="tiny T5 and 300 steps (minutes on 2 cores)")
     presets.add_argument("--long", action="store_true", help="tiny T5 and 1,000 steps")
+    presets.add_argument("--horizon", action="store_true", help="tiny T5 and 2,000 steps")
+    parser.add_argument("--nodes", type=positive_int, default=REFERENCE_NODES, help="nodes R (replicas)")
+    parser.add_argument("--procs_per_node", type=positive_int, default=REFERENCE_PROCS, help="processes per node S")
+    parser.add_argument("--scaling", choices=("strong", "weak"), default="strong",
+                        help="away from 2 x 2: keep the global batch (strong) or the batch per node (weak)")
     parser.add_argument("--lr_sweep", action="store_true", help="sweep SWEEP_LRS per method, write the choice")
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     parser.add_argument("--lrs", nargs="+", type=method_lr, default=[], metavar="METHOD=LR")
@@ -128,7 +146,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "benchmarks/results/convergence[_quick]_lr_sweep.json")
     harness.add_provenance_flags(parser)
     args = parser.parse_args(argv)
-    args.preset = "quick" if args.quick else "long" if args.long else "full"
+    args.preset = next((name for name in ("quick", "long", "horizon") if getattr(args, name)), "full")
     for key, value in PRESETS[args.preset].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -141,12 +159,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"--{name} must divide --max_steps ({args.max_steps}), got {getattr(args, name)}")
     if args.warmup_steps < 0 or args.bleu_samples < 0:
         parser.error("--warmup_steps and --bleu_samples must be >= 0")
+    try:
+        args.per_rank_batch = per_rank_batch(args.batch_size, args.nodes, args.procs_per_node, args.scaling)
+    except ValueError as error:
+        parser.error(str(error))
     stem = "convergence" if args.preset == "full" else f"convergence_{args.preset}"
+    if (args.nodes, args.procs_per_node) != (REFERENCE_NODES, REFERENCE_PROCS):
+        stem += f"_{args.nodes}x{args.procs_per_node}_{args.scaling}"
     args.sweep_file = args.sweep_file or HERE / "results" / f"{stem}_lr_sweep.json"
     if args.lr_sweep:
         args.out, args.bleu_samples = args.sweep_file, 0
     args.out = args.out or HERE / "results" / f"{stem}.json"
     return args
+
+
+def per_rank_batch(batch_size: int, nodes: int, procs_per_node: int, scaling: str) -> int:
+    """Sequences per rank and step on ``nodes x procs_per_node`` for a ``batch_size`` per rank at 2 x 2: the same
+    global batch (strong scaling) or the same batch per node (weak)."""
+    total = batch_size * (REFERENCE_NODES * REFERENCE_PROCS if scaling == "strong" else REFERENCE_PROCS)
+    ranks = nodes * procs_per_node if scaling == "strong" else procs_per_node
+    if total % ranks:
+        raise ValueError(f"--scaling {scaling}: {total} sequences per {'step' if scaling == 'strong' else 'node'} do "
+                         f"not split over {ranks} ranks; choose --batch_size so that they do")
+    return total // ranks
 
 
 def worker_args(args: argparse.Namespace, method: str, lr: float, bleu_samples: int, out: Path,
@@ -155,12 +190,13 @@ def worker_args(args: argparse.Namespace, method: str, lr: float, bleu_samples: 
     options = {
         name: getattr(args, name) for name in (
             "train_file", "validation_file", "source_lang", "target_lang", "max_source_length", "max_target_length",
-            "vocab_size", "d_model", "d_ff", "num_layers", "num_heads", "max_steps", "batch_size", "warmup_steps",
+            "vocab_size", "d_model", "d_ff", "num_layers", "num_heads", "max_steps", "warmup_steps",
             "eval_steps", "logging_steps", "adam_beta1", "seed", "data_seed",
         )
     }
     setup, preset_name = METHOD_SETUPS.get(method, (method, None))
-    options |= {"method": setup, "lr": lr, "bleu_samples": bleu_samples, "shard_size": SHARD_SIZE,
+    options |= {"method": setup, "lr": lr, "bleu_samples": bleu_samples, "shard_size": args.procs_per_node,
+                "batch_size": args.per_rank_batch,
                 "output_dir": output_dir, "out": out}
     preset = [f"--flexdemo_preset={preset_name}"] if preset_name else []
     preset += ["--final_rounds"] if args.final_rounds and method != "adamw" else []
@@ -175,7 +211,8 @@ def run_method(args: argparse.Namespace, method: str, lr: float, bleu_samples: i
     out, log = scratch / f"{tag}.json", scratch / f"{tag}.log"
     # the datasets cache is shared: tokenized once, reused by the next methods
     env = harness.worker_env(datasets_cache=scratch / "datasets")
-    command = harness.torchrun(worker_args(args, method, lr, bleu_samples, out, scratch / tag), NPROC)
+    command = harness.torchrun(worker_args(args, method, lr, bleu_samples, out, scratch / tag),
+                               args.nodes * args.procs_per_node)
     print(f"[convergence] {method} lr {lr:g} ...", flush=True)
     job = harness.run_job([command], [log], args.timeout_s, env, expect=out)
     if job["status"] == harness.OK:
@@ -269,15 +306,18 @@ def learning_rates(args: argparse.Namespace) -> tuple[dict[str, float], dict[str
 
 
 def settings(args: argparse.Namespace) -> dict[str, Any]:
-    skipped = ("quick", "long", "lr_sweep", "lrs", "out", "sweep_file", "timeout_s", "allow_dirty")
-    return {k: v for k, v in vars(args).items() if k not in skipped} | {"nproc": NPROC, "shard_size": SHARD_SIZE}
+    skipped = ("quick", "long", "horizon", "lr_sweep", "lrs", "out", "sweep_file", "timeout_s", "allow_dirty")
+    return {k: v for k, v in vars(args).items() if k not in skipped} | {
+        "nproc": args.nodes * args.procs_per_node, "shard_size": args.procs_per_node,
+        "global_batch": args.per_rank_batch * args.nodes * args.procs_per_node}
 
 
 def header(args: argparse.Namespace) -> dict[str, Any]:
     """This benchmark's keys after the harness header: preset, topology, settings."""
     return {
         "preset": args.preset,
-        "topology": f"{NPROC // SHARD_SIZE} nodes x {SHARD_SIZE} processes (one torchrun, shard_size={SHARD_SIZE})",
+        "topology": f"{args.nodes} nodes x {args.procs_per_node} processes (one torchrun, "
+                    f"shard_size={args.procs_per_node}), {args.scaling} scaling",
         "settings": settings(args),
     }
 
@@ -365,7 +405,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="fdm-convergence-") as scratch:
         body = sweep(args, Path(scratch)) if args.lr_sweep else compare(args, Path(scratch))
     report = run.write(args.out, header(args) | body)
-    topology = f"{NPROC // SHARD_SIZE} nodes x {SHARD_SIZE} CPU ranks"
+    topology = f"{args.nodes} nodes x {args.procs_per_node} CPU ranks"
     if args.lr_sweep:
         curves = {f"{m} lr {lr}": r for m, by_lr in body["runs"].items() for lr, r in by_lr.items()}
         plot(curves, f"Learning-rate sweep ({args.preset}, {topology})", args.out.with_suffix(".png"))

@@ -27,7 +27,7 @@ import convergence
 import harness
 
 HERE = Path(__file__).resolve().parent
-TOPOLOGIES = {"2x2": 4, "1x2": 2}  # nodes x processes per node -> ranks (shard_size 2: convergence.SHARD_SIZE)
+TOPOLOGIES = {"2x2": 4, "1x2": 2}  # nodes x processes per node -> ranks (shard_size 2: convergence.REFERENCE_PROCS)
 POLICIES = ("average", "reset")  # keep needs as many nodes before and after
 
 
@@ -119,7 +119,7 @@ def main() -> None:
         "settings": {k: v for k, v in vars(args).items() if k not in ("convergence", "out", "allow_dirty")}
         | {"model": {k: getattr(args.convergence, k) for k in ("d_model", "d_ff", "num_layers", "num_heads",
                                                                "vocab_size", "batch_size", "warmup_steps")},
-           "shard_size": convergence.SHARD_SIZE, "topologies": "2x2: 2 nodes x 2 processes; 1x2: 1 node x 2"},
+           "shard_size": convergence.REFERENCE_PROCS, "topologies": "2x2: 2 nodes x 2 processes; 1x2: 1 node x 2"},
         "resumes": resumes,
         "runs": {name: {"status": r["status"], "launch_seconds": r["launch_seconds"], "eval_loss": curve(r),
                         "train_loss": train_losses(r), **({} if r["status"] == "ok" else {"log_tails": r["log_tails"]})}

@@ -13,6 +13,7 @@ header, and each run its invocation's index (``invocation``), so a run names the
     python benchmarks/sweep.py overlap    # when the exchange runs (none / backward / delayed), 300 steps
     python benchmarks/sweep.py local      # H x rate x value bits x outer rule (x DCT, streaming), 300 steps (86 runs)
     python benchmarks/sweep.py local_long # local steps' candidates and AdamW at 1,000 steps, two seeds (10 runs)
+    python benchmarks/sweep.py nodes      # the defaults and AdamW-HSDP at R = 2, 4, 8 nodes, 2,000 steps
     python benchmarks/sweep.py levers --only "flexdemo lr=0.003 compression_feedback=0.2 momentum=ema"
 """
 
@@ -38,7 +39,13 @@ V2 = {"momentum": "ema", "compression_feedback": 0.2, "update": "sign"}  # DeMo'
 RULE = {"update": "rmsprop"}
 # grid "local": the outer rules, SparseLoCo's (the mean, error feedback as the momentum) and DiLoCo's Nesterov
 OUTER = ({}, {"outer_lr": 0.7, "outer_momentum": 0.9})  # the update rule the long runs picked (grid "levers")
-TRAINING_KNOBS = ("adam_beta1", "seed")  # TrainingArguments fields: convergence.py flags, not FlexDeMoConfig fields
+HORIZON = ["--horizon", "--bleu_samples", "0"]
+# convergence.py flags (TrainingArguments fields and the topology), not FlexDeMoConfig fields
+RUN_FLAGS = ("adam_beta1", "seed", "nodes", "procs_per_node", "scaling")
+# What a gap is measured against: AdamW-HSDP from the same initialisation, on the same topology and global batch.
+REFERENCE_FLAGS = ("seed", "nodes", "procs_per_node", "scaling")
+# R nodes as convergence.py runs them: 2 x 2 (the reference topology), and 8 processes as 4 x 2 and 8 x 1.
+NODE_TOPOLOGIES = ({}, {"nodes": 4, "procs_per_node": 2}, {"nodes": 8, "procs_per_node": 1})
 
 
 def _run(method: str, lr: float, **knobs: Any) -> dict[str, Any]:
@@ -188,6 +195,17 @@ GRIDS: dict[str, dict[str, Any]] = {
               for transform in ({}, {"compression_transform": "none"}) for seed in ({}, {"seed": 7})),
         ],
     },
+    # Node scaling at the package defaults over 2,000 steps, against AdamW-HSDP on the same nodes and global batch:
+    # strong scaling (the global batch fixed, each node steps on 1/R of it) at 8, 4 and 2 nodes, then weak scaling
+    # (the batch per node fixed: the global batch grows with R).
+    "nodes": {
+        "argv": HORIZON,
+        "runs": [
+            *(_run(method, 3e-3, **topology, scaling=scaling) for scaling in ("strong", "weak")
+              for topology in reversed(NODE_TOPOLOGIES) for method in ("flexdemo", "adamw")
+              if topology or scaling == "strong"),
+        ],
+    },
     # At the package defaults: "delayed" is one step stale. ("backward" is "none"'s update, bit for bit, tested
     # in tests/distributed/test_overlap.py; it refuses Trainer's gradient clipping, which these runs use.)
     "overlap": {
@@ -310,9 +328,9 @@ def main() -> None:
             key = run_key(run)
             if key in report["runs"] and report["runs"][key]["status"] == "ok":
                 continue
-            training = [f"--{k}={v}" for k, v in run["knobs"].items() if k in TRAINING_KNOBS]
+            training = [f"--{k}={v}" for k, v in run["knobs"].items() if k in RUN_FLAGS]
             pinned = {**grid.get("pin", {}), **run["knobs"]} if run["method"] != "adamw" else run["knobs"]
-            knobs = [f"{k}={v}" for k, v in pinned.items() if k not in TRAINING_KNOBS]
+            knobs = [f"{k}={v}" for k, v in pinned.items() if k not in RUN_FLAGS]
             options = convergence.parse_args([*grid["argv"], *training, *(["--flexdemo", *knobs] if knobs else [])])
             start = time.monotonic()
             result = convergence.summarize(convergence.run_method(options, run["method"], run["lr"], 0, Path(scratch)))
@@ -320,13 +338,16 @@ def main() -> None:
                                    "invocation": len(invocations) - 1, **result}
             bench.write(out, report)
     rows = []
-    references = {}  # AdamW's final loss per seed: a run's gap is against AdamW from the same initialisation
+    def reference_key(run: dict[str, Any]) -> tuple[Any, ...]:
+        return tuple(run["knobs"].get(flag) for flag in REFERENCE_FLAGS)
+
+    references = {}  # AdamW's final loss per REFERENCE_FLAGS: a run's gap is against its AdamW-HSDP
     for r in report["runs"].values():
         if r["method"] == "adamw" and r["status"] == "ok":
-            references.setdefault(r["knobs"].get("seed"), r["final_eval_loss"])
+            references.setdefault(reference_key(r), r["final_eval_loss"])
     for key, r in report["runs"].items():
         row = {"key": key, "method": r["method"], "status": r["status"]}
-        reference = references.get(r["knobs"].get("seed"))
+        reference = references.get(reference_key(r))
         if r["status"] == "ok":
             row |= {"final_eval_loss": r["final_eval_loss"], "bytes_per_step": r["bytes_sent"]["per_step"],
                     "train_wall_seconds": r["train_wall_seconds"],
@@ -336,7 +357,8 @@ def main() -> None:
     front = pareto([r for r in rows if r["status"] == "ok" and r["method"] != "adamw"])
     report.update(rows=rows, pareto=front, table=table(rows, front))
     bench.write(out, report)
-    title = f"sweep '{args.grid}': {' '.join(grid['argv'])} (2 nodes x 2 CPU ranks, Multi30k en->fr)"
+    title = (f"sweep '{args.grid}': {' '.join(grid['argv'])} (2 nodes x 2 CPU ranks unless a run says nodes, "
+             f"Multi30k en->fr)")
     plot(rows, title, out.with_suffix(".png"))
     print(report["table"])
     print(f"[sweep] wrote {out} and {out.with_suffix('.png')}")

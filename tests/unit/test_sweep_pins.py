@@ -44,7 +44,7 @@ def test_a_rerun_builds_the_configuration_each_committed_run_recorded(sweep, gri
     assert pairs, f"no committed FlexDeMo run of grid {grid!r}"
     pin = sweep.GRIDS[grid].get("pin", {})
     for run, record in pairs:
-        knobs = {k: v for k, v in {**pin, **run["knobs"]}.items() if k not in sweep.TRAINING_KNOBS}
+        knobs = {k: v for k, v in {**pin, **run["knobs"]}.items() if k not in sweep.RUN_FLAGS}
         rebuilt = dataclasses.asdict(FlexDeMoConfig(method=run["method"], **knobs))
         differing = {field: (value, rebuilt[field]) for field, value in record["flexdemo_config"].items()
                      if field in rebuilt and field not in NOT_COMPARED and rebuilt[field] != value}
