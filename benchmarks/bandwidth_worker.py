@@ -78,7 +78,6 @@ def flexdemo_options(method: str, args: argparse.Namespace) -> dict[str, object]
                                      **buckets},
         "flexdemo_budget_delayed": {**step_wise, "budget_fraction": args.budget_fraction, "overlap": "delayed"},
         "flexdemo_full": {"replicator": "full"},
-        "compute_only": {"replicator": "none"},
     }.get(method, {})
     return args.flexdemo | variant
 
@@ -118,10 +117,19 @@ def setup_adamw(model: nn.Module, args: argparse.Namespace) -> Setup:
     return Setup(model, optimizer, lambda: per_step, "ring all-reduce formula 2*(R-1)/R*numel_local*4")
 
 
+def setup_compute_only(model: nn.Module, args: argparse.Namespace) -> Setup:
+    """The compute-only limit: FSDP inside each node and ``torch.optim.AdamW``, nothing across the nodes (each node
+    trains on its own), so no method's step can beat it by skipping work this one does."""
+    mesh = build_hybrid_mesh(shard_size=RANKS_PER_NODE)
+    check_node_local(mesh["dp_shard"].get_group())
+    shard_model(model, mesh)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    return Setup(model, optimizer, lambda: 0, "nothing crosses the nodes")
+
+
 def setup_flexdemo(model: nn.Module, args: argparse.Namespace, method: str) -> Setup:
-    """FlexDeMo as ``method`` asks: DeMo (no FSDP, every rank a node), FSDP inside the node with an exchange
-    across (top-k, overlapped with backward, delayed by one step, random positions, a time budget, dense),
-    or no exchange at all (the compute-only reference)."""
+    """FlexDeMo as ``method`` asks: DeMo (no FSDP, every rank a node), or FSDP inside the node with an exchange
+    across (top-k, overlapped with backward, delayed by one step, random positions, a time budget, dense)."""
     options = flexdemo_options(method, args)
     if method == "demo":
         group = dist.group.WORLD
@@ -129,7 +137,7 @@ def setup_flexdemo(model: nn.Module, args: argparse.Namespace, method: str) -> S
         mesh = build_hybrid_mesh(shard_size=RANKS_PER_NODE)
         check_node_local(mesh["dp_shard"].get_group())
         shard_model(model, mesh)
-        group = None if method == "compute_only" else mesh["dp_replicate"].get_group()
+        group = mesh["dp_replicate"].get_group()
     optimizer = FlexDeMo(model.parameters(), replicate_group=group, **from_knobs({"lr": args.lr, **options}))
     return Setup(
         model, optimizer, lambda: optimizer.comm_stats["bytes_sent"], "FlexDeMo.comm_stats['bytes_sent']",
@@ -223,7 +231,8 @@ def run_method(method: str, args: argparse.Namespace) -> dict[str, object]:
     """Warm up, plan the timed steps within the budget, time them, and account the traffic."""
     model = build_model(args.model, args.seed)
     numel = sum(p.numel() for p in model.parameters())
-    setup = setup_adamw(model, args) if method == "adamw" else setup_flexdemo(model, args, method)
+    setups = {"adamw": setup_adamw, "compute_only": setup_compute_only}
+    setup = setups[method](model, args) if method in setups else setup_flexdemo(model, args, method)
     batches = random_batches(args.model, args)
     warmup = [timed_steps(setup, batches, 1)["seconds"][0] for _ in range(args.warmup_steps)]
     # local steps: whole rounds, so that the mean counts one exchange step in every local_steps

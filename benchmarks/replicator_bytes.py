@@ -34,8 +34,8 @@ sums run over the rank's non-empty local shards; ``//`` is integer division as i
 
   ``blocks``/``block_numel`` from ``BlockLayout.for_shape(local_shape, chunk)``,
   ``k = compression.kept_per_block(block_numel, rate, None)``,
-  ``position_bytes = min(ceil(block_numel / 8), k * index_bytes)`` (a bitmask of the block when smaller than the
-  indices; ``index_bytes = compression.index_dtype(block_numel).itemsize``: 1 up to 16 x 16 blocks, then 2),
+  ``position_bytes = min(ceil(block_numel / 8), ceil(k * index_bits / 8))`` (a bitmask of the block when smaller
+  than the packed indices; ``index_bits = ceil(log2(block_numel))``: 10 in 32 x 32, 12 in 64 x 64),
   ``value_bytes`` = 1/4 with int2 (the default ``value_dtype="auto"`` with local steps), 1/2 with int4, 1 with
   float8 (auto step-wise), each with a 2-byte ``scale_bytes`` per block; 2 with ``"bfloat16"``, 4 with
   ``"float32"``: ``compression.block_payload_bytes``; per step, these bytes divided by H.

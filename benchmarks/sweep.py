@@ -206,6 +206,18 @@ GRIDS: dict[str, dict[str, Any]] = {
               if topology or scaling == "strong"),
         ],
     },
+    # What the defaults lose at 8 nodes (strong scaling, 2,000 steps; AdamW-HSDP and the defaults are grid "nodes"):
+    # compression (the dense pseudo-gradient mean instead), the outer rule (DiLoCo's Nesterov; a larger outer step:
+    # the mean of R normalised AdamW updates on noisy gradients is shorter than one update on their mean), or the
+    # length of a round.
+    "nodes_outer": {
+        "argv": HORIZON,
+        "runs": [
+            *(_run("flexdemo", 3e-3, nodes=8, procs_per_node=1, scaling="strong", **knobs) for knobs in (
+                {"replicator": "full"}, {"outer_lr": 0.7, "outer_momentum": 0.9}, {"outer_lr": 2.0},
+                {"local_steps": 4})),
+        ],
+    },
     # At the package defaults: "delayed" is one step stale. ("backward" is "none"'s update, bit for bit, tested
     # in tests/distributed/test_overlap.py; it refuses Trainer's gradient clipping, which these runs use.)
     "overlap": {

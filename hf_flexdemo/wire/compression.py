@@ -3,9 +3,11 @@
 A payload is, per block, the positions of ``k`` coefficients and their values. ``k`` follows from a rate (the
 fraction of each block that travels, the same at any shard shape) or from DeMo's fixed top-``k``.
 
-On the wire (``replicator="demo"``), a block's positions are ``k`` in-block indices (8 bits up to 16 x 16 blocks)
-or, when smaller, a bitmask of the block (one bit per coefficient: at rate 1/8 of 8 x 8 the same 8 bytes as the
-indices, at the default 1/4 of 32 x 32 a quarter of int16 indices). Values are ``bfloat16``, ``float32``, or
+On the wire (``replicator="demo"``), a block's positions are ``k`` in-block indices packed at
+``ceil(log2(block_numel))`` bits each (6 in an 8 x 8 block, 10 in 32 x 32, 12 in 64 x 64) or, when smaller, a
+bitmask of the block (one bit per coefficient): at the default 1/4 of 32 x 32 the bitmask is 128 bytes against
+320 of indices; at 64 of a 64 x 64 block the indices are 96 bytes against the bitmask's 512, so 64 int2 values
+with their scale cost 0.22 bits per element in all. Values are ``bfloat16``, ``float32``, or
 ``float8``: e4m3 with one bfloat16 scale per block that maps the block's largest magnitude to e4m3's largest (a
 normal number at any magnitude, so finite values decode finite), so a coefficient costs one byte; ``int4``/``int2``
 pack 2 or 4 values per byte with a scale per block (:mod:`hf_flexdemo.wire.quantize`). The sender's error feedback
@@ -58,11 +60,14 @@ _SCALE_MIN = torch.finfo(_SCALE_DTYPE).tiny  # 2**-126, bfloat16's (and float32'
 _SCALE_MAX = _bfloat16_floor(torch.finfo(torch.float32).max / _FP8_MAX)  # 146 * 2**112: 448 * it < float32's max
 
 
-def index_dtype(block_numel: int) -> torch.dtype:
-    """Smallest integer type that holds a flat position inside a block (uint8 up to 16 x 16, int16 up to 181 x 181)."""
-    if block_numel <= 256:
-        return torch.uint8
-    return torch.int16 if block_numel <= torch.iinfo(torch.int16).max + 1 else torch.int32
+def index_bits(block_numel: int) -> int:
+    """Bits of a flat position inside a block: ``ceil(log2(block_numel))``, at least 1 (10 in 32 x 32)."""
+    return max(1, (block_numel - 1).bit_length())
+
+
+def _index_bytes(block_numel: int, k: int) -> int:
+    """Bytes of a block's ``k`` packed indices: ``ceil(k * index_bits / 8)``."""
+    return -(-k * index_bits(block_numel) // 8)
 
 
 def _bitmask_bytes(block_numel: int) -> int:
@@ -71,13 +76,18 @@ def _bitmask_bytes(block_numel: int) -> int:
 
 
 def uses_bitmask(block_numel: int, k: int) -> bool:
-    """Whether a block's positions travel as a bitmask: when its bytes beat ``k`` indices'."""
-    return _bitmask_bytes(block_numel) < k * index_dtype(block_numel).itemsize
+    """Whether a block's positions travel as a bitmask: when its bytes beat ``k`` packed indices'."""
+    return _bitmask_bytes(block_numel) < _index_bytes(block_numel, k)
+
+
+def position_bytes(block_numel: int, k: int) -> int:
+    """Wire bytes of one block's positions: the smaller of its bitmask and its ``k`` packed indices."""
+    return min(_bitmask_bytes(block_numel), _index_bytes(block_numel, k))
 
 
 def block_payload_bytes(block_numel: int, k: int, value_dtype: str) -> int:
     """Wire bytes of one block: positions (indices or bitmask), ``k`` values and float8's scale."""
-    positions = _bitmask_bytes(block_numel) if uses_bitmask(block_numel, k) else k * index_dtype(block_numel).itemsize
+    positions = position_bytes(block_numel, k)
     if value_dtype in quantize.WIDTHS:
         return positions + quantize.payload_bytes(k, value_dtype)
     scale = _SCALE_DTYPE.itemsize if value_dtype == "float8" else 0
@@ -128,18 +138,45 @@ def gather(coefficients: Tensor, layout: BlockLayout, indices: Tensor) -> tuple[
     return positions, coefficients.reshape(-1).index_select(0, positions).view(indices.shape)
 
 
+def pack_indices(indices: Tensor, block_numel: int) -> Tensor:
+    """``(N, ceil(k * bits / 8))`` uint8: every row's ``k`` in-block indices at :func:`index_bits` bits each, the
+    first index in the lowest bits (at 8 bits, the indices as bytes). One bit plane at a time, so the scratch is a
+    byte per bit, not an integer."""
+    bits = index_bits(block_numel)
+    if bits == 8:
+        return indices.to(torch.uint8)
+    count, k = indices.shape
+    lanes = indices.new_zeros((count, k * bits + -(k * bits) % 8), dtype=torch.uint8)
+    planes = lanes[:, : k * bits].view(count, k, bits)
+    for bit in range(bits):
+        planes[..., bit] = indices.bitwise_right_shift(bit).bitwise_and_(1)
+    return quantize.pack(lanes, 1)
+
+
+def unpack_indices(packed: Tensor, block_numel: int, k: int) -> Tensor:
+    """The ``(..., k)`` int64 indices of :func:`pack_indices`' ``(..., bytes)`` rows."""
+    bits = index_bits(block_numel)
+    if bits == 8:
+        return packed.long()
+    planes = quantize.unpack(packed, 1)[..., : k * bits].reshape(*packed.shape[:-1], k, bits)
+    indices = planes[..., 0].long()
+    for bit in range(1, bits):
+        indices.bitwise_or_(planes[..., bit].long().bitwise_left_shift_(bit))
+    return indices
+
+
 def encode_positions(indices: Tensor, block_numel: int) -> tuple[Tensor, Tensor]:
     """``(wire, order)``: the wire form of ``(N, k)`` in-block ``indices`` and the indices in the order the wire
     carries their values.
 
-    As indices (in :func:`index_dtype`), the order is ``indices``' own. As a bitmask (see :func:`uses_bitmask`:
+    As indices (:func:`pack_indices`), the order is ``indices``' own. As a bitmask (see :func:`uses_bitmask`:
     ``(N, ceil(block_numel / 8))`` uint8, bit ``i % 8`` of byte ``i // 8`` for index ``i``) the receiver reads a
     block's values in ascending index order; each index's place there is the count of set bits up to it, from
     the mask the bitmask is packed from (cheaper than a sort for large blocks, and free of host syncs).
     """
     count, k = indices.shape
     if not uses_bitmask(block_numel, k):
-        return indices.to(index_dtype(block_numel)), indices
+        return pack_indices(indices, block_numel), indices
     width = _bitmask_bytes(block_numel)
     mask = torch.zeros(count, width * 8, dtype=torch.bool, device=indices.device)
     true = torch.ones((), dtype=torch.bool, device=indices.device).expand_as(indices)
@@ -273,5 +310,6 @@ def decode(
     if uses_bitmask(layout.block_numel, k):
         return scatter_masked(where, pieces, layout, out=out, scratch=scratch, counts=counts, consensus=consensus,
                               own=own)
-    positions = torch.stack([layout.flat_positions(out.shape[0], i.long()).view(-1) for i in where])
+    positions = torch.stack([layout.flat_positions(out.shape[0], unpack_indices(i, layout.block_numel, k)).view(-1)
+                             for i in where])
     return scatter_mean(positions, decode_values(pieces).flatten(1), out=out, counts=counts, consensus=consensus)

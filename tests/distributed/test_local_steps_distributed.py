@@ -1,27 +1,62 @@
 """``local_steps=H`` on 2 nodes x 2 processes (FSDP2 shards): periodic averaging against float64, replicas
 bit-identical after every exchange, nothing crosses nodes in an inner step, the bytes of the formula on exchange
-steps only, and a resume in the middle of a round."""
+steps only, and a resume in the middle of a round. The same at R = 2, 4 and 8 nodes (8 ranks as 2 x 4, 4 x 2 and
+8 x 1) with positions as packed indices (rate 1/16 of 8 x 8: 4 indices of 6 bits, 3 bytes, against the bitmask's
+8)."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
 from launch import run_worker
-from test_step_habits import GATHER, _crosses_nodes
+from test_step_habits import GATHER
 
+from hf_flexdemo.wire import compression
+from hf_flexdemo.wire.dct import BlockLayout
 from hf_flexdemo.wire.replicators import exchange_bytes
 
-CASES = ["averaging", "habits,topology=2x2,value_dtype=int2", "habits,topology=1x4,value_dtype=int4,local_steps=2",
+CASES = ["averaging", "habits,topology=2x2,value_dtype=int2", "habits,topology=4x1,value_dtype=int4,local_steps=2",
          "habits,topology=2x2,value_dtype=int2,overlap=delayed", "resume,value_dtype=int4",
          "resume,value_dtype=int4,overlap=delayed,outer_delay=2", "nonfinite,bad=3", "nonfinite,bad=4"]
-HABITS = [case for case in CASES if case.startswith("habits")]
-RESUMES = [case for case in CASES if case.startswith("resume")]
+INDICES = ",rate=0.0625"  # 4 of each 8 x 8 block: packed indices
+CASES8 = [f"habits,topology=2x4,value_dtype=int2{INDICES}",
+          f"habits,topology=4x2,value_dtype=int2,overlap=delayed{INDICES}",
+          f"habits,topology=8x1,value_dtype=int2,overlap=delayed{INDICES}",
+          f"resume,topology=4x2,value_dtype=int2{INDICES}",
+          f"resume,topology=8x1,value_dtype=int2,overlap=delayed,outer_delay=2{INDICES}"]
+HABITS = [case for case in CASES + CASES8 if case.startswith("habits")]
+RESUMES = [case for case in CASES + CASES8 if case.startswith("resume")]
+
+
+def _option(case: str, name: str, default: str) -> str:
+    return dict(o.split("=") for o in case.split(",")[1:]).get(name, default)
+
+
+def _topology(case: str) -> tuple[int, int]:
+    """(nodes, processes per node) of a case."""
+    nodes, procs = map(int, _option(case, "topology", "2x2").split("x"))
+    return nodes, procs
 
 
 @pytest.fixture(scope="module")
-def suite(tmp_path_factory):
+def suite4(tmp_path_factory):
     args = [a for case in CASES for a in ("--case", case)]
     return run_worker("local_steps_worker", 4, tmp_path_factory.mktemp("local_steps"), *args, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def suite8(tmp_path_factory):
+    args = [a for case in CASES8 for a in ("--case", case)]
+    return run_worker("local_steps_worker", 8, tmp_path_factory.mktemp("local_steps8"), *args, timeout=600)
+
+
+@pytest.fixture
+def suite(request):
+    """The ranks' results of the job that ran the test's case (4 ranks unless it is one of CASES8)."""
+    case = request.node.callspec.params.get("case") if hasattr(request.node, "callspec") else None
+    return request.getfixturevalue("suite8" if case in CASES8 else "suite4")
 
 
 def test_full_replicator_with_outer_sgd_is_periodic_averaging(suite):
@@ -37,11 +72,16 @@ def test_inner_steps_are_silent_and_an_exchange_crosses_nodes_once(suite, case):
     """An exchange's step starts one cross-node collective; the skip decision (one host sync) is taken where it is
     waited for: the same step, or with streaming (outer_delay 1) the step after, which crosses no node."""
     streaming = "delayed" in case
+    nodes, procs = _topology(case)
+
+    def crosses_nodes(ranks: tuple[int, ...]) -> bool:
+        return len({rank // procs for rank in ranks}) > 1
+
     for rank, rank_result in enumerate(suite):
         result = rank_result[case]
         every = len(result["logs"]) // 2
         for step, log in enumerate(result["logs"]):
-            crossing = [c for c in log["collectives"] if _crosses_nodes(c[1])]
+            crossing = [c for c in log["collectives"] if crosses_nodes(c[1])]
             sends, lands = (step + 1) % every == 0, (step + 1) % every == (1 if streaming else 0)
             if not (sends or lands):
                 assert log == {"collectives": [], "syncs": []}, (step, log)  # no collective, no host sync
@@ -53,7 +93,8 @@ def test_inner_steps_are_silent_and_an_exchange_crosses_nodes_once(suite, case):
 
 @pytest.mark.parametrize("case", HABITS)
 def test_replicas_bit_identical_after_every_exchange(suite, case):
-    replica_pairs = [(0, 2), (1, 3)] if "2x2" in case else [(0, 1), (0, 2), (0, 3)]
+    nodes, procs = _topology(case)
+    replica_pairs = [(local, local + procs * node) for local in range(procs) for node in range(1, nodes)]
     for a, b in replica_pairs:
         for mine, theirs in zip(suite[a][case]["after_exchange"], suite[b][case]["after_exchange"]):
             for name, value in mine.items():
@@ -63,14 +104,19 @@ def test_replicas_bit_identical_after_every_exchange(suite, case):
 
 @pytest.mark.parametrize("case", HABITS)
 def test_bytes_equal_the_formula_on_exchange_steps_only(suite, case):
-    """R = 2 (2 nodes x 2, int2) and R = 4 (4 nodes x 1, int4): amortised, H - 1 steps of 0 and one of the formula."""
+    """R = 2, 4 and 8, bitmasks (rate 1/4) and packed indices (1/16): amortised, H - 1 steps of 0 and one of the
+    formula."""
+    rate = float(_option(case, "rate", "0.25"))
     for rank in suite:
         result = rank[case]
         every = len(result["comm_stats"]) // 2
-        value_dtype = "int2" if "int2" in case else "int4"
-        expected = exchange_bytes("demo", result["local_shapes"], result["replicas"], rate=0.25, topk=None, chunk=8,
-                                  value_dtype=value_dtype)
-        assert result["replicas"] == (2 if "2x2" in case else 4)
+        expected = exchange_bytes("demo", result["local_shapes"], result["replicas"], rate=rate, topk=None, chunk=8,
+                                  value_dtype=_option(case, "value_dtype", "int2"))
+        assert result["replicas"] == _topology(case)[0]
+        layouts = [BlockLayout.for_shape(shape, 8) for shape in result["local_shapes"] if math.prod(shape)]
+        bitmasks = {compression.uses_bitmask(layout.block_numel, compression.kept_per_block(
+            layout.block_numel, rate, None)) for layout in layouts}
+        assert bitmasks == ({False} if case in CASES8 else {True}), bitmasks
         for step, stats in enumerate(result["comm_stats"]):
             exchange = (step + 1) % every == 0
             assert stats["bytes_sent"] == stats["bytes_received"] == (expected if exchange else 0) >= 0

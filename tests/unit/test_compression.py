@@ -82,29 +82,38 @@ def test_decode_over_replicas_is_the_sum_over_all_replicas_divided_by_their_coun
     assert dense.view(-1)[once].item() == pytest.approx(values[0][positions[0] == once].item() / replicas)
 
 
-def test_index_dtype_boundary():
-    assert compression.index_dtype(16 * 16) == torch.uint8
-    assert compression.index_dtype(257) == torch.int16
-    assert compression.index_dtype(181 * 181) == torch.int16
-    assert compression.index_dtype(32768) == torch.int16
-    assert compression.index_dtype(32769) == torch.int32
+def test_index_bits():
+    assert [compression.index_bits(n) for n in (1, 2, 6, 64, 65, 256, 257, 1024, 4096, 4097)] == \
+        [1, 1, 3, 6, 7, 8, 9, 10, 12, 13]
 
 
 @pytest.mark.parametrize(("block_numel", "k", "bitmask"),
-                         [(64, 8, False), (64, 9, True), (64, 64, True), (4096, 4, False), (4096, 1024, True),
-                          (6, 1, False), (6, 2, True)])
+                         [(64, 10, False), (64, 11, True), (64, 64, True), (4096, 4, False), (4096, 64, False),
+                          (1024, 64, False), (1024, 256, True), (4096, 1024, True), (6, 1, False), (6, 3, True),
+                          (33, 5, False), (65536, 3, False)])
 def test_positions_travel_in_the_smaller_form_and_round_trip(block_numel, k, bitmask):
+    """Indices pack at ceil(log2(block)) bits (64 of 64 x 64: 96 bytes, not the bitmask's 512), a bitmask when
+    smaller; both decode to the positions sent."""
     torch.manual_seed(0)
     indices = torch.rand(50, block_numel).topk(k, dim=1, sorted=False).indices
     wire, order = compression.encode_positions(indices, block_numel)
     assert compression.uses_bitmask(block_numel, k) is bitmask
-    assert wire.nbytes == 50 * min(-(-block_numel // 8), k * compression.index_dtype(block_numel).itemsize)
+    bits = (block_numel - 1).bit_length()
+    assert wire.nbytes == 50 * min(-(-block_numel // 8), -(-k * bits // 8)) == 50 * compression.position_bytes(
+        block_numel, k)
     if bitmask:  # a bitmask carries the values in ascending index order
         mask = compression.decode_mask(wire.unsqueeze(0), block_numel)[0]
         assert torch.equal(mask, torch.zeros(50, block_numel, dtype=torch.bool).scatter_(1, indices, True))
         assert torch.equal(order, indices.sort(dim=1).values)
     else:
-        assert torch.equal(wire.long(), indices) and order is indices
+        assert torch.equal(compression.unpack_indices(wire.unsqueeze(0), block_numel, k)[0], indices)
+        assert order is indices
+
+
+def test_sixty_four_of_a_64_by_64_block_in_int2_cost_under_a_quarter_bit_per_element():
+    """12-bit indices, 64 two-bit values and a bfloat16 scale: 96 + 16 + 2 bytes per 4,096 elements."""
+    assert compression.block_payload_bytes(4096, 64, "int2") == 114
+    assert compression.block_payload_bytes(4096, 64, "int2") * 8 / 4096 == pytest.approx(0.2227, abs=1e-4)
 
 
 @pytest.mark.parametrize("value_dtype", ["bfloat16", "float32", "float8"])
@@ -196,7 +205,7 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024, sum(
                          [(32, 5 / 16, "float8"), (8, 1 / 4, "bfloat16"), (64, 1 / 16, "bfloat16")])
 def test_decode_memory_is_linear_in_replicas_times_k(chunk, rate, value_dtype):
     """R = 64 replicas at the densest swept setting (5/16 of 32 x 32, float8: bitmask positions), 1/4 of 8 x 8
-    (bitmasks too) and 1/16 of 64 x 64 (int16 indices): the decode's peak memory beyond the received payload stays a
+    (bitmasks too) and 1/16 of 64 x 64 (12-bit indices): the decode's peak memory beyond the received payload stays a
     few dense buffers plus a few payloads (O(numel + R * blocks * k)), where a pairwise comparison of chosen indices
     would need blocks * (R * k)^2 bytes of booleans (1.07e10 at 1/4 of 8 x 8)."""
     numel = 512 * 2048

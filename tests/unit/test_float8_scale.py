@@ -61,12 +61,8 @@ def _received(layout: BlockLayout, k: int, wires: list[list], consensus: str) ->
     """The consensus coefficients every receiver decodes from the gathered wires (``FlexDeMo._decode``)."""
     where, *pieces = [torch.stack(piece) for piece in zip(*wires)]
     counts = _dense(layout) if consensus == "choosers" and len(wires) > 1 else None
-    if compression.uses_bitmask(layout.block_numel, k):
-        return compression.scatter_masked(where, pieces, layout, out=_dense(layout), scratch=_dense(layout),
-                                          counts=counts, consensus=consensus)
-    positions = torch.stack([layout.flat_positions(COUNT, i.long()).view(-1) for i in where])
-    return compression.scatter_mean(positions, compression.decode_values(pieces).flatten(1), out=_dense(layout),
-                                    counts=counts, consensus=consensus)
+    return compression.decode(where, pieces, layout, out=_dense(layout), scratch=_dense(layout), counts=counts,
+                              consensus=consensus)
 
 
 def _bits(x: torch.Tensor) -> torch.Tensor:

@@ -59,15 +59,21 @@ def case_averaging(args) -> dict:
             "initial": [p.detach().clone() for p in mlp().parameters()]}
 
 
+def procs_per_node(topology: str) -> int:
+    """``"RxS"`` (R nodes x S processes, node-major ranks): S, checked against the world size."""
+    nodes, procs = map(int, topology.split("x"))
+    assert nodes * procs == dist.get_world_size(), topology
+    return procs
+
+
 def case_habits(args) -> dict:
     """Per step of rounds 2 and 3: the collectives and host syncs of ``step()`` and the traffic counters; after every
     exchange the full parameters (gathered outside the observed step). The whole model in one round (fragments'
     schedule: fragments_worker.py)."""
-    shard_size = {"2x2": 2, "1x4": 1}[args.topology]
-    model, group = sharded(shard_size)
+    model, group = sharded(procs_per_node(args.topology))
     opt = FlexDeMo(model.parameters(), lr=1e-3, replicate_group=group, local_steps=int(args.local_steps),
                    overlap=args.overlap,
-                   compression=CompressionPolicy(rate=0.25, chunk=8, value_dtype=args.value_dtype),
+                   compression=CompressionPolicy(rate=float(args.rate), chunk=8, value_dtype=args.value_dtype),
                    guards=GuardPolicy(drift_check_every=0), outer=OuterPolicy(delay=int(args.outer_delay), fragments=1))
     logs, stats, after_exchange = [], [], []
     for step in range(3 * int(args.local_steps)):  # the first round unobserved: it creates the state
@@ -96,7 +102,8 @@ def case_resume(args) -> dict:
     with outer_delay 2: saved while round 1's exchange is in flight.)"""
     rounds = int(args.local_steps)
     kwargs = dict(lr=3e-3, local_steps=rounds, value_dtype=args.value_dtype, outer_lr=0.7, outer_momentum=0.9,
-                  compression_rate=0.25, compression_chunk=8, overlap=args.overlap, outer_delay=int(args.outer_delay),
+                  compression_rate=float(args.rate), compression_chunk=8, overlap=args.overlap,
+                  outer_delay=int(args.outer_delay),
                   drift_check_every=1)  # the exact check, wherever replicas agree (streaming: in the landing step)
 
     def train(model, opt, steps):
@@ -105,12 +112,12 @@ def case_resume(args) -> dict:
             opt.step()
             opt.zero_grad()
 
-    model, group = sharded()
+    model, group = sharded(procs_per_node(args.topology))
     straight = FlexDeMo(model.parameters(), replicate_group=group, **from_knobs(kwargs))
     train(model, straight, range(2 * rounds))
     expected = {n: full(p) for n, p in model.named_parameters()}
     straight.finish()  # streamed (overlap="delayed"): the last round's exchange in flight
-    model, group = sharded()
+    model, group = sharded(procs_per_node(args.topology))
     first = FlexDeMo(model.parameters(), replicate_group=group, **from_knobs(kwargs))
     train(model, first, range(rounds + 1))
     saved = through_bytes(first.state_dict())
@@ -148,4 +155,4 @@ def case_nonfinite(args) -> dict:
 
 if __name__ == "__main__":
     main(globals(), {"steps": "6", "local_steps": "3", "topology": "2x2", "value_dtype": "int2", "overlap": "none",
-                     "outer_delay": "1", "bad": "5"})
+                     "outer_delay": "1", "bad": "5", "rate": "0.25"})
