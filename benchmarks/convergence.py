@@ -270,6 +270,10 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
             "compression_ratio_vs_dense_bf16": (traffic[-1].get("flexdemo/compression_ratio")
                                                 if "flexdemo/compression_ratio_fp32" in traffic[-1] else None),
         }
+        for direction in ("sent", "received"):  # a node's bits per parameter per step (logs since the estimate)
+            name = f"flexdemo/bits_per_param_{direction}"
+            bits = [e[name] for e in traffic if name in e]
+            summary["bytes_sent"][f"bits_per_param_{direction}"] = sum(bits) / len(bits) if bits else None
     else:
         dense = run["dense_allreduce_bytes_per_step"]
         summary["bytes_sent"] = {

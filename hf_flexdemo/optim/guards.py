@@ -37,6 +37,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ..wire.collectives import CommStats, ReplicateGroup, explained, pack, unpack
+from .plan import local_shard
 
 
 def nonfinite(tensors: list[Tensor], device: torch.device) -> Tensor:
@@ -198,3 +199,45 @@ class DriftCheck:
             self.replica_drift = {"replica_drift": drift, "replica_drift_of_bound": used}
         else:
             check_replicas(named, self.replicate, self.shard_group, self.policy, stats)
+
+
+class DriftChecking:
+    """The drift check's schedule and entry point, and the parameters' names its reports use: a mixin of
+    :class:`~hf_flexdemo.optim.optimizer.FlexDeMo`, on the optimizer's own attributes."""
+
+    def drift_check_due(self) -> bool:
+        """Whether this step is in a drift-check window: the first ``local_steps`` steps of every
+        ``drift_check_every`` (the first point in it where replicas agree checks)."""
+        every = self.options["drift_check_every"]
+        return bool(every) and self.steps % every < self.options["local_steps"]
+
+    def check_drift(self, only: list[Tensor] | None = None) -> None:
+        """Compare the replicas' parameters (``on_drift``, :class:`~.guards.DriftCheck`). With local steps
+        the anchor is what replicas share (the parameters restart from it): it is checked, and the parameters
+        restart from it again, as a resync left it. ``only``: these parameters alone (local steps'
+        ``outer_fragments``: the fragment that just landed; the others' replicas differ and keep their values)."""
+        params = self._named_params()
+        if only is not None:
+            wanted = {id(p) for p in only}
+            params = [(name, p) for name, p in params if id(p) in wanted]
+        anchored = self.mode.anchors and all("anchor" in self.state[p] for _, p in params)
+        named = [(name, self.state[p]["anchor"] if anchored else local_shard(p)) for name, p in params]
+        # a schedule's peak (torch schedulers keep it as initial_lr): the largest step since the last check
+        peak = {id(p): max(g["lr"], g.get("initial_lr", g["lr"])) for g in self.param_groups for p in g["params"]}
+        self.drift.check(named, [peak[id(p)] for _, p in params], on_drift=self.options["on_drift"],
+                         tolerance=self.options["drift_tolerance"], stats=self.exchange.stats)
+        if anchored:
+            torch._foreach_copy_([local_shard(p) for _, p in params], [anchor for _, anchor in named])
+
+    def param_names(self) -> list[tuple[str, Tensor]]:
+        """Every parameter with its name (``param_names`` of a group if given, else its position), in
+        ``state_dict`` order."""
+        named = []
+        for g, group in enumerate(self.param_groups):
+            names = group.get("param_names") or [f"param_groups[{g}][{i}]" for i in range(len(group["params"]))]
+            named += list(zip(names, group["params"]))
+        return named
+
+    def _named_params(self) -> list[tuple[str, Tensor]]:
+        """The trainable parameters with their names (:meth:`param_names`)."""
+        return [(n, p) for n, p in self.param_names() if p.requires_grad]

@@ -9,8 +9,9 @@ time (``outer_fragments``), so the link is busy evenly and hides behind compute.
 does; a single node trains as torch's AdamW (:mod:`hf_flexdemo.optim.one_replica`).
 
 This module holds what every mode shares: the knobs, resolved once (:mod:`hf_flexdemo.knobs`); the plan of which shards
-travel together (:mod:`hf_flexdemo.optim.plan`); the exchange engine (:mod:`hf_flexdemo.optim.exchange`);
-``state_dict``, the end of a run (:meth:`FlexDeMo.finish`) and the drift check (:mod:`hf_flexdemo.optim.guards`).
+travel together (:mod:`hf_flexdemo.optim.plan`); the exchange engine (:mod:`hf_flexdemo.optim.exchange`); the end of a
+run (:meth:`FlexDeMo.finish`). ``state_dict`` is :mod:`hf_flexdemo.optim.state`'s, the drift check
+:mod:`hf_flexdemo.optim.guards`'.
 ``step()`` dispatches to the mode (:mod:`hf_flexdemo.optim.mode`). docs/how-it-works.md explains the algorithm and why
 each default is what it is.
 
@@ -39,21 +40,20 @@ from ..policies import BudgetPolicy, CompressionPolicy, GuardPolicy, OuterPolicy
 from ..wire.collectives import CommStats, ReplicateGroup
 from ..wire.replicators import DENSE, REGISTRY, Replicator
 from . import local_steps
-from .exchange import HELD_KEYS, MOMENT_KEYS, ExchangeEngine
-from .guards import DriftCheck
+from .exchange import ExchangeEngine
+from .guards import DriftCheck, DriftChecking
 from .mode import Mode
 from .one_replica import OneReplica
 from .plan import Bucket, local_shard
 from .planner import Planner
+from .state import StateDictMixin
 from .stepwise import StepWise
 
 PARAM_DTYPES = (torch.float32, torch.bfloat16)
-# What stays float32 whatever the parameters' dtype (torch's load_state_dict casts state to it).
-FLOAT32_KEYS = ("delta", *MOMENT_KEYS, *HELD_KEYS, *local_steps.FLOAT32_KEYS)
 FINAL = "compressed"  # finish()'s wire for the last round (docs/how-it-works.md "The end of a run")
 
 
-class FlexDeMo(Optimizer):
+class FlexDeMo(StateDictMixin, DriftChecking, Optimizer):
     """FlexDeMo optimizer (see the module docstring); ``comm_stats`` describes the last step's traffic, ``options``
     holds the optimizer-wide knobs (:data:`hf_flexdemo.knobs.OPTIMIZER_WIDE`), flat, as resolved.
 
@@ -200,53 +200,6 @@ class FlexDeMo(Optimizer):
         with self.mode.anchored():
             yield
 
-    # ---- state -------------------------------------------------------------------------------
-
-    def state_dict(self) -> dict[str, Any]:
-        """Torch's ``state_dict`` plus the optimizer-wide options, the step counters and the budget's rate.
-
-        An exchange in flight (``overlap="delayed"``, streamed local steps) is waited for and decoded first: the
-        candidate momentum and the consensus still to apply are per-parameter state (``pending_delta``,
-        ``pending_update``), so a resumed run applies exactly what the uninterrupted one would.
-        """
-        if self.exchange.in_flight:
-            self._refuse_in_flight("state_dict")
-            self.exchange.hold()
-        state = super().state_dict()
-        state["flexdemo"] = {"options": dict(self.options), "steps": self.steps, "skipped_steps": self.skipped_steps,
-                             "rate": self.exchange.rate, "pending": self.exchange.held}
-        self.mode.save(state)
-        return state
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load as torch does, with the saved options; keep the momentum in float32 (torch casts it to the
-        parameter's dtype)."""
-        counters = state_dict.get("flexdemo") or {}
-        missing = sorted(set(OPTIMIZER_WIDE) - set(counters.get("options") or {}))
-        if missing:
-            raise ValueError(f"FlexDeMo: this state_dict lacks the options {missing}: it was not saved by this "
-                             "version of FlexDeMo (its 'flexdemo' entry holds every optimizer-wide knob). Resume "
-                             "from a checkpoint written by this version, or load the model weights alone.")
-        super().load_state_dict(state_dict)
-        self.options = {key: counters["options"][key] for key in OPTIMIZER_WIDE}
-        params = [p for group in self.param_groups for p in group["params"]]
-        for index, saved_state in state_dict["state"].items():
-            for key in FLOAT32_KEYS:
-                if key in saved_state:
-                    self.state[params[index]][key] = saved_state[key].to(device=self.device, dtype=torch.float32,
-                                                                         copy=True)
-        self.steps = counters["steps"]
-        self.exchange.skipped_steps = counters["skipped_steps"]
-        self.exchange.rate = counters["rate"]
-        self._reset()  # on the loaded options and state
-        self.exchange.restore_held(counters["pending"])
-        self.mode.load(state_dict)
-
-    def _refuse_in_flight(self, what: str) -> None:
-        if self.options["overlap"] != "delayed":
-            raise RuntimeError(f"FlexDeMo: {what}() while this step's exchange is in flight (after backward, before "
-                               "step()); call it after optimizer.step().")
-
     # ---- the plan ----------------------------------------------------------------------------
 
     def exchange_plan(self) -> list[Bucket]:
@@ -319,42 +272,3 @@ class FlexDeMo(Optimizer):
             return
         self.exchange.discard([s for b in plan for s in b.stacks])
         self.mode.adopt(plan)
-
-    # ---- drift -------------------------------------------------------------------------------
-
-    def drift_check_due(self) -> bool:
-        """Whether this step is in a drift-check window: the first ``local_steps`` steps of every
-        ``drift_check_every`` (the first point in it where replicas agree checks)."""
-        every = self.options["drift_check_every"]
-        return bool(every) and self.steps % every < self.options["local_steps"]
-
-    def check_drift(self, only: list[Tensor] | None = None) -> None:
-        """Compare the replicas' parameters (``on_drift``, :class:`~.guards.DriftCheck`). With local steps
-        the anchor is what replicas share (the parameters restart from it): it is checked, and the parameters
-        restart from it again, as a resync left it. ``only``: these parameters alone (local steps'
-        ``outer_fragments``: the fragment that just landed; the others' replicas differ and keep their values)."""
-        params = self._named_params()
-        if only is not None:
-            wanted = {id(p) for p in only}
-            params = [(name, p) for name, p in params if id(p) in wanted]
-        anchored = self.mode.anchors and all("anchor" in self.state[p] for _, p in params)
-        named = [(name, self.state[p]["anchor"] if anchored else local_shard(p)) for name, p in params]
-        # a schedule's peak (torch schedulers keep it as initial_lr): the largest step since the last check
-        peak = {id(p): max(g["lr"], g.get("initial_lr", g["lr"])) for g in self.param_groups for p in g["params"]}
-        self.drift.check(named, [peak[id(p)] for _, p in params], on_drift=self.options["on_drift"],
-                         tolerance=self.options["drift_tolerance"], stats=self.exchange.stats)
-        if anchored:
-            torch._foreach_copy_([local_shard(p) for _, p in params], [anchor for _, anchor in named])
-
-    def param_names(self) -> list[tuple[str, Tensor]]:
-        """Every parameter with its name (``param_names`` of a group if given, else its position), in
-        ``state_dict`` order."""
-        named = []
-        for g, group in enumerate(self.param_groups):
-            names = group.get("param_names") or [f"param_groups[{g}][{i}]" for i in range(len(group["params"]))]
-            named += list(zip(names, group["params"]))
-        return named
-
-    def _named_params(self) -> list[tuple[str, Tensor]]:
-        """The trainable parameters with their names (:meth:`param_names`)."""
-        return [(n, p) for n, p in self.param_names() if p.requires_grad]

@@ -7,10 +7,11 @@ What it changes in ``Trainer``, and why:
 * the optimizer: FlexDeMo on the replicate group (``create_optimizer``; ``optimizers=`` is refused
   by ``Trainer`` under FSDP), with DDP's gradient all-reduce switched off where DDP wraps the model;
 * evaluation, prediction and saved weights see the replicas' consensus: with local steps, in the middle of a
-  round, the anchor rather than one node's local values (``FlexDeMo.consensus_parameters``);
-* checkpoints: per-rank optimizer state, the topology, a completion marker (:mod:`hf_flexdemo.trainer.checkpoint`); a
-  resume on another topology under ``FlexDeMoConfig.resume_policy`` (:mod:`hf_flexdemo.optim.reshard`), the model's
-  weights included across the FSDP2 / plain-replica boundary (one process per node);
+  round, the anchor rather than one node's local values (:mod:`hf_flexdemo.trainer.consensus`);
+* checkpoints (:mod:`hf_flexdemo.trainer.checkpoint_hooks`): per-rank optimizer state, the topology, a completion
+  marker (:mod:`hf_flexdemo.trainer.checkpoint`); a resume on another topology under
+  ``FlexDeMoConfig.resume_policy`` (:mod:`hf_flexdemo.optim.reshard`), the model's weights included across the FSDP2
+  / plain-replica boundary (one process per node);
 * logs: ``flexdemo/*`` traffic metrics (:mod:`hf_flexdemo.trainer.comm_metrics`), the replicas' measured drift
   (the bounded drift check); the model card (:mod:`hf_flexdemo.trainer.model_card`).
 """
@@ -25,31 +26,26 @@ import os
 import warnings
 from collections.abc import Iterator, Mapping
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
-import safetensors.torch
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
-from accelerate.utils import FullyShardedDataParallelPlugin, save_fsdp_model
-from accelerate.utils.constants import FSDP_MODEL_NAME
-from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
+from accelerate.utils import FullyShardedDataParallelPlugin
+from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.nn.parallel import DistributedDataParallel
 from transformers import Seq2SeqTrainer, Trainer, TrainingArguments
-from transformers.trainer import SCHEDULER_NAME
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from transformers.training_args import OptimizerNames
-from transformers.utils import SAFE_WEIGHTS_NAME
 from transformers.utils import logging as hf_logging
 
 from ..optim.mesh import group_timeout, init_process_group, launcher_shard_size, shard_model
 from ..optim.optimizer import FlexDeMo
 from ..policies import from_knobs
-from . import checkpoint, model_card
+from . import model_card
+from .checkpoint_hooks import CheckpointHooks
 from .comm_metrics import CommMetricsCallback, unwrap_optimizer
 from .config import FlexDeMoConfig
+from .consensus import ConsensusModel
 from .cpu_fsdp import enable_fsdp_on_cpu
 from .model_card import training_mode
 from .topology import Topology, parallelism_config
@@ -135,7 +131,7 @@ def _trainer_arguments(init: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
         return dict(kwargs)
 
 
-class FlexDeMoTrainer(Trainer):
+class FlexDeMoTrainer(ConsensusModel, CheckpointHooks, Trainer):
     """``Trainer`` that trains with FlexDeMo (or the DeMo / AdamW-HSDP baselines) across nodes.
 
     Args:
@@ -355,139 +351,6 @@ class FlexDeMoTrainer(Trainer):
             if (local := self.flexdemo_optimizer.options["local_steps"]) > 1:
                 logs["flexdemo/outer_rounds"] = self.flexdemo_optimizer.steps // local
         super().log(logs, start_time)
-
-    # ---- the model that is evaluated and saved ------------------------------------------------
-
-    def _adopt_loaded_weights(self, module: torch.nn.Module, incompatible_keys: Any) -> None:
-        """The model's load-state-dict hook: what was loaded becomes what the optimizer treats as the consensus."""
-        if (optimizer := self.flexdemo_optimizer) is not None:
-            optimizer.adopt_parameters()
-
-    def _finalize_training(self, trial, num_train_samples, start_time):
-        """Before Trainer's end of training (best model, ``on_train_end``): every exchange in flight lands and a
-        final round brings each node's last steps into the consensus (``FlexDeMo.finish``), so ``self.model``
-        holds the model trained, the same on every rank; its traffic is logged."""
-        if (optimizer := self.flexdemo_optimizer) is not None:
-            fsdp_modules = [m for m in self.model.modules() if isinstance(m, FSDPModule)]
-            for module in fsdp_modules:  # no forward may see the gathered parameters of before
-                module.reshard()
-            stats = optimizer.finish()
-            traffic = torch.tensor([float(stats["bytes_sent"]), float(stats["bytes_received"])], dtype=torch.float64,
-                                   device=self.accelerator.device)
-            if dist.is_initialized():
-                dist.all_reduce(traffic)
-            sent, received = traffic.tolist()
-            self.comm_metrics.total_bytes_sent += sent
-            self.log({"flexdemo/final_round_bytes_sent": sent, "flexdemo/final_round_bytes_received": received,
-                      "flexdemo/total_bytes_sent": self.comm_metrics.total_bytes_sent})
-        return super()._finalize_training(trial, num_train_samples, start_time)
-
-    @contextlib.contextmanager
-    def _consensus(self) -> Iterator[None]:
-        """With local steps, mid-round: the anchor (every node's last consensus), not this node's local values.
-
-        FSDP2 keeps the root module's gathered parameters after a forward (``reshard_after_forward`` is off for
-        the root), so the modules are resharded around the swap: no forward sees a stale gathered copy."""
-        optimizer = self.flexdemo_optimizer
-        if optimizer is None or optimizer.options["local_steps"] == 1:
-            yield
-            return
-        fsdp_modules = [m for m in self.model.modules() if isinstance(m, FSDPModule)]
-        for module in fsdp_modules:
-            module.reshard()
-        with optimizer.consensus_parameters():
-            try:
-                yield
-            finally:
-                for module in fsdp_modules:
-                    module.reshard()
-
-    def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
-        with self._consensus():
-            return super().evaluate(*args, **kwargs)
-
-    def predict(self, *args: Any, **kwargs: Any):
-        with self._consensus():
-            return super().predict(*args, **kwargs)
-
-    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        with self._consensus():
-            super().save_model(output_dir, _internal_call)
-
-    # ---- checkpoints -------------------------------------------------------------------------
-
-    def _setup_record(self) -> dict[str, Any]:
-        return {**self.topology.as_dict(), "method": self.flexdemo_config.method}
-
-    def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, **kwargs: Any):
-        """As ``Trainer.train``; ``True``/``"last"`` resumes from the last *complete* checkpoint."""
-        if resume_from_checkpoint is True or resume_from_checkpoint == "last":
-            resume_from_checkpoint = checkpoint.last_complete_checkpoint(self.args.output_dir)
-            if resume_from_checkpoint is None:
-                raise ValueError(f"No complete checkpoint to resume from in {self.args.output_dir}.")
-        self._reshard = isinstance(resume_from_checkpoint, str) and checkpoint.check_resumable(
-            resume_from_checkpoint, self._setup_record(), self.flexdemo_config.resume_policy)
-        return super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs)
-
-    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: torch.nn.Module | None = None) -> None:
-        """As ``Trainer``, and across ``shard_size=1``: FSDP2 checkpoints hold the full state dict in FSDP's file,
-        plain-replica ones in ``model.safetensors``; either loads into the other setup's model."""
-        fsdp_weights = Path(resume_from_checkpoint, f"{FSDP_MODEL_NAME}.bin")
-        if fsdp_weights.is_file() == self.is_fsdp_enabled:
-            super()._load_from_checkpoint(resume_from_checkpoint, model)
-            return
-        model = model or self.model
-        if self.is_fsdp_enabled:  # a plain-replica checkpoint into FSDP2 shards (tied weights are saved once)
-            full = safetensors.torch.load_file(Path(resume_from_checkpoint, SAFE_WEIGHTS_NAME), device="cpu")
-            set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, strict=False))
-        else:  # FSDP2 shards' full state dict into a plain model
-            model.load_state_dict(torch.load(fsdp_weights, map_location="cpu", weights_only=True))
-
-    def _save_checkpoint(self, model: torch.nn.Module, trial) -> None:
-        limit = self.args.save_total_limit
-        self.args.save_total_limit = None  # rotate only once the new checkpoint is complete
-        if self.flexdemo_optimizer is not None:  # trainer_state.json records the total, unlogged steps included
-            self.comm_metrics.checkpoint_total(self.accelerator.device)
-        try:
-            super()._save_checkpoint(model, trial)
-        finally:
-            self.args.save_total_limit = limit
-            self.comm_metrics.checkpoint_saved()
-        run_dir = self._get_output_dir(trial=trial)
-        folder = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-        self.accelerator.wait_for_everyone()
-        if self.args.should_save:
-            checkpoint.mark_complete(folder, self.state.global_step)
-            rotate_checkpoints(output_dir=run_dir, save_total_limit=limit,
-                               best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
-
-    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
-        optimizer = self.flexdemo_optimizer
-        if optimizer is None:
-            super()._save_optimizer_and_scheduler(output_dir)
-            return
-        if self.is_fsdp_enabled:  # the weights `_load_from_checkpoint` reads back under FSDP
-            with self._consensus():  # mid-round, each rank's local values travel in its optimizer state
-                save_fsdp_model(self.accelerator.state.fsdp_plugin, self.accelerator, self.model, output_dir)
-        checkpoint.save_optimizer(optimizer, output_dir, self.args.process_index)
-        if self.args.should_save:
-            checkpoint.write_topology(output_dir, {**self._setup_record(),
-                                                   **checkpoint.describe_state(optimizer, self.topology.world_size)})
-            torch.save(self.lr_scheduler.state_dict(), os.path.join(output_dir, SCHEDULER_NAME))
-
-    def _load_optimizer_and_scheduler(self, checkpoint_dir: str | None) -> None:
-        optimizer = self.flexdemo_optimizer
-        if checkpoint_dir is None or optimizer is None:
-            super()._load_optimizer_and_scheduler(checkpoint_dir)
-            return
-        if self._reshard:
-            checkpoint.load_resharded(optimizer, checkpoint_dir, self.args.process_index, self.topology.shard_size,
-                                      self.topology.replicate_size, self.flexdemo_config.resume_policy)
-        else:
-            checkpoint.load_optimizer(optimizer, checkpoint_dir, self.args.process_index)
-        self.lr_scheduler.load_state_dict(
-            torch.load(os.path.join(checkpoint_dir, SCHEDULER_NAME), weights_only=True)
-        )
 
     # ---- model card --------------------------------------------------------------------------
 

@@ -1,0 +1,69 @@
+"""FlexDeMo's ``state_dict`` and ``load_state_dict``: torch's, plus what resumes a run exactly.
+
+The optimizer-wide options as resolved, the step counters, a budget's rate and an exchange held for a later step
+travel in the ``"flexdemo"`` entry, and the mode adds its own (:meth:`~hf_flexdemo.optim.mode.Mode.save`), so the
+``state_dict`` alone resumes a run bit for bit, also with an exchange in flight. A mixin of
+:class:`~hf_flexdemo.optim.optimizer.FlexDeMo`, on the optimizer's own attributes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..knobs import OPTIMIZER_WIDE
+from . import local_steps
+from .exchange import HELD_KEYS, MOMENT_KEYS
+
+# What stays float32 whatever the parameters' dtype (torch's load_state_dict casts state to it).
+FLOAT32_KEYS = ("delta", *MOMENT_KEYS, *HELD_KEYS, *local_steps.FLOAT32_KEYS)
+
+
+class StateDictMixin:
+    """``state_dict``/``load_state_dict`` of :class:`~hf_flexdemo.optim.optimizer.FlexDeMo`."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Torch's ``state_dict`` plus the optimizer-wide options, the step counters and the budget's rate.
+
+        An exchange in flight (``overlap="delayed"``, streamed local steps) is waited for and decoded first: the
+        candidate momentum and the consensus still to apply are per-parameter state (``pending_delta``,
+        ``pending_update``), so a resumed run applies exactly what the uninterrupted one would.
+        """
+        if self.exchange.in_flight:
+            self._refuse_in_flight("state_dict")
+            self.exchange.hold()
+        state = super().state_dict()
+        state["flexdemo"] = {"options": dict(self.options), "steps": self.steps, "skipped_steps": self.skipped_steps,
+                             "rate": self.exchange.rate, "pending": self.exchange.held}
+        self.mode.save(state)
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load as torch does, with the saved options; keep the momentum in float32 (torch casts it to the
+        parameter's dtype)."""
+        counters = state_dict.get("flexdemo") or {}
+        missing = sorted(set(OPTIMIZER_WIDE) - set(counters.get("options") or {}))
+        if missing:
+            raise ValueError(f"FlexDeMo: this state_dict lacks the options {missing}: it was not saved by this "
+                             "version of FlexDeMo (its 'flexdemo' entry holds every optimizer-wide knob). Resume "
+                             "from a checkpoint written by this version, or load the model weights alone.")
+        super().load_state_dict(state_dict)
+        self.options = {key: counters["options"][key] for key in OPTIMIZER_WIDE}
+        params = [p for group in self.param_groups for p in group["params"]]
+        for index, saved_state in state_dict["state"].items():
+            for key in FLOAT32_KEYS:
+                if key in saved_state:
+                    self.state[params[index]][key] = saved_state[key].to(device=self.device, dtype=torch.float32,
+                                                                         copy=True)
+        self.steps = counters["steps"]
+        self.exchange.skipped_steps = counters["skipped_steps"]
+        self.exchange.rate = counters["rate"]
+        self._reset()  # on the loaded options and state
+        self.exchange.restore_held(counters["pending"])
+        self.mode.load(state_dict)
+
+    def _refuse_in_flight(self, what: str) -> None:
+        if self.options["overlap"] != "delayed":
+            raise RuntimeError(f"FlexDeMo: {what}() while this step's exchange is in flight (after backward, before "
+                               "step()); call it after optimizer.step().")

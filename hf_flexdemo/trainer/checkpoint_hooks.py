@@ -1,0 +1,102 @@
+"""``FlexDeMoTrainer``'s checkpoint hooks: what ``Trainer`` saves and resumes, with FlexDeMo's per-rank state.
+
+``Trainer`` saves one optimizer state for all ranks; FlexDeMo's differs per node, so each rank writes its own, with the
+topology and, once every rank is done, a completion marker (:mod:`hf_flexdemo.trainer.checkpoint`); rotation waits
+for that marker. A resume picks the last *complete* checkpoint for ``True``/``"last"``, is checked against the
+topology before any step, and crosses the FSDP2 / plain-replica boundary (one process per node) for the weights.
+A mixin of :class:`~hf_flexdemo.trainer.trainer.FlexDeMoTrainer`, on the trainer's own attributes.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import safetensors.torch
+import torch
+from accelerate.utils import save_fsdp_model
+from accelerate.utils.constants import FSDP_MODEL_NAME
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+from transformers.trainer import SCHEDULER_NAME
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
+from transformers.utils import SAFE_WEIGHTS_NAME
+
+from . import checkpoint
+
+
+class CheckpointHooks:
+    """``Trainer``'s checkpoint methods for FlexDeMo (see the module docstring)."""
+
+    def _setup_record(self) -> dict[str, Any]:
+        return {**self.topology.as_dict(), "method": self.flexdemo_config.method}
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, **kwargs: Any):
+        """As ``Trainer.train``; ``True``/``"last"`` resumes from the last *complete* checkpoint."""
+        if resume_from_checkpoint is True or resume_from_checkpoint == "last":
+            resume_from_checkpoint = checkpoint.last_complete_checkpoint(self.args.output_dir)
+            if resume_from_checkpoint is None:
+                raise ValueError(f"No complete checkpoint to resume from in {self.args.output_dir}.")
+        self._reshard = isinstance(resume_from_checkpoint, str) and checkpoint.check_resumable(
+            resume_from_checkpoint, self._setup_record(), self.flexdemo_config.resume_policy)
+        return super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs)
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: torch.nn.Module | None = None) -> None:
+        """As ``Trainer``, and across ``shard_size=1``: FSDP2 checkpoints hold the full state dict in FSDP's file,
+        plain-replica ones in ``model.safetensors``; either loads into the other setup's model."""
+        fsdp_weights = Path(resume_from_checkpoint, f"{FSDP_MODEL_NAME}.bin")
+        if fsdp_weights.is_file() == self.is_fsdp_enabled:
+            super()._load_from_checkpoint(resume_from_checkpoint, model)
+            return
+        model = model or self.model
+        if self.is_fsdp_enabled:  # a plain-replica checkpoint into FSDP2 shards (tied weights are saved once)
+            full = safetensors.torch.load_file(Path(resume_from_checkpoint, SAFE_WEIGHTS_NAME), device="cpu")
+            set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, strict=False))
+        else:  # FSDP2 shards' full state dict into a plain model
+            model.load_state_dict(torch.load(fsdp_weights, map_location="cpu", weights_only=True))
+
+    def _save_checkpoint(self, model: torch.nn.Module, trial) -> None:
+        limit = self.args.save_total_limit
+        self.args.save_total_limit = None  # rotate only once the new checkpoint is complete
+        if self.flexdemo_optimizer is not None:  # trainer_state.json records the total, unlogged steps included
+            self.comm_metrics.checkpoint_total(self.accelerator.device)
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self.args.save_total_limit = limit
+            self.comm_metrics.checkpoint_saved()
+        run_dir = self._get_output_dir(trial=trial)
+        folder = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        self.accelerator.wait_for_everyone()
+        if self.args.should_save:
+            checkpoint.mark_complete(folder, self.state.global_step)
+            rotate_checkpoints(output_dir=run_dir, save_total_limit=limit,
+                               best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
+
+    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+        optimizer = self.flexdemo_optimizer
+        if optimizer is None:
+            super()._save_optimizer_and_scheduler(output_dir)
+            return
+        if self.is_fsdp_enabled:  # the weights `_load_from_checkpoint` reads back under FSDP
+            with self._consensus():  # mid-round, each rank's local values travel in its optimizer state
+                save_fsdp_model(self.accelerator.state.fsdp_plugin, self.accelerator, self.model, output_dir)
+        checkpoint.save_optimizer(optimizer, output_dir, self.args.process_index)
+        if self.args.should_save:
+            checkpoint.write_topology(output_dir, {**self._setup_record(),
+                                                   **checkpoint.describe_state(optimizer, self.topology.world_size)})
+            torch.save(self.lr_scheduler.state_dict(), os.path.join(output_dir, SCHEDULER_NAME))
+
+    def _load_optimizer_and_scheduler(self, checkpoint_dir: str | None) -> None:
+        optimizer = self.flexdemo_optimizer
+        if checkpoint_dir is None or optimizer is None:
+            super()._load_optimizer_and_scheduler(checkpoint_dir)
+            return
+        if self._reshard:
+            checkpoint.load_resharded(optimizer, checkpoint_dir, self.args.process_index, self.topology.shard_size,
+                                      self.topology.replicate_size, self.flexdemo_config.resume_policy)
+        else:
+            checkpoint.load_optimizer(optimizer, checkpoint_dir, self.args.process_index)
+        self.lr_scheduler.load_state_dict(
+            torch.load(os.path.join(checkpoint_dir, SCHEDULER_NAME), weights_only=True)
+        )
