@@ -216,6 +216,8 @@ GRIDS: dict[str, dict[str, Any]] = {
             *(_run("flexdemo", 3e-3, nodes=8, procs_per_node=1, scaling="strong", **knobs) for knobs in (
                 {"replicator": "full"}, {"outer_lr": 0.7, "outer_momentum": 0.9}, {"outer_lr": 2.0},
                 {"local_steps": 4})),
+            # the outer step sqrt(R / 2) at 4 nodes (1 at 2, 2 at 8)
+            _run("flexdemo", 3e-3, nodes=4, procs_per_node=2, scaling="strong", outer_lr=1.41),
         ],
     },
     # At the package defaults: "delayed" is one step stale. ("backward" is "none"'s update, bit for bit, tested
