@@ -261,7 +261,7 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
         summary["bytes_sent"] = {
             "source": "flexdemo/* Trainer logs, all ranks" + (
                 " (demo: every rank is a replica, so this counts its 3 peers, one of them on the same node)"
-                if run["topology"]["shard_size"] == 1 else " (inter-node)"),
+                if run["method"] == "demo" else " (inter-node)"),
             "total": [e for e in history if "flexdemo/total_bytes_sent" in e][-1]["flexdemo/total_bytes_sent"],
             "per_step": sum(per_step) / len(per_step),
             # logs before the bf16 headline had compression_ratio only, against fp32

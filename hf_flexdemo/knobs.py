@@ -16,6 +16,7 @@ Knobs are of two kinds, as in torch's optimizers:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
@@ -136,9 +137,11 @@ KNOBS: tuple[Knob, ...] = (
          "once, and every node restarts from the updated anchor (DiLoCo / SparseLoCo). 1: exchange every step "
          "(FlexDeMo's step-wise mode, preset='step-wise').", ok=lambda v: _integer(v) and v >= 1,
          accepted="an integer >= 1 (1: exchange every step)"),
-    Knob("outer_lr", 1.0, float, "The anchor moves by outer_lr times the replicas' mean pseudo-gradient.",
-         modes=LOCAL, policy="outer", field="lr", ok=lambda v: _number(v) and v > 0,
-         accepted="a float > 0 (1.0: the anchor moves by the mean)"),
+    Knob("outer_lr", None, float | None, "The anchor moves by outer_lr times the replicas' mean pseudo-gradient. None "
+         "(the default): sqrt(R / 2) on R nodes, at least 1 (1 at 2 nodes, 1.41 at 4, 2 at 8), resolved at "
+         "construction: the mean of R AdamW updates, each on 1/R of the batch, is shorter than one update on their "
+         "mean.", modes=LOCAL, policy="outer", field="lr", ok=lambda v: v is None or (_number(v) and v > 0),
+         accepted="None or a float > 0 (1.0: the anchor moves by the mean)"),
     Knob("outer_momentum", 0.0, float, "Nesterov momentum of that outer step (DiLoCo: outer_lr 0.7, 0.9); 0: plain "
          "averaging with error feedback (SparseLoCo).", modes=LOCAL, policy="outer", field="momentum",
          ok=lambda v: _number(v) and 0.0 <= v < 1.0, accepted="a float in [0, 1) (0: no outer momentum)"),
@@ -278,6 +281,12 @@ def resolve_transform(transform: str, local_steps: int) -> str:
     if transform != "auto":
         return transform
     return "none" if local_steps > 1 else "dct"
+
+
+def resolve_outer_lr(outer_lr: float | None, replicas: int) -> float:
+    """``outer_lr=None``'s choice on ``replicas`` nodes: ``sqrt(replicas / 2)``, at least 1 (docs/results.md "Loss
+    against the number of nodes"); any other value as given."""
+    return outer_lr if outer_lr is not None else max(1.0, math.sqrt(replicas / 2))
 
 
 def resolve_outer_fragments(fragments: int | None, local_steps: int, overlap: str, outer_delay: int) -> int:

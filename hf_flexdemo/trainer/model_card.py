@@ -54,9 +54,10 @@ def package_url() -> str:
     return next((urls[label] for label in _URL_LABELS if label in urls), PYPI_URL)
 
 
-def training_mode(config: FlexDeMoConfig, fragments: int | None = None) -> str:
-    """How the nodes exchanged, in words; ``fragments``: the number a streamed round ran in (default: the config's
-    ``outer_fragments``; fewer where the model has fewer trainable tensors, :func:`fragments_ran`)."""
+def training_mode(config: FlexDeMoConfig, replicas: int, fragments: int | None = None) -> str:
+    """How the nodes exchanged, in words, on ``replicas`` nodes (the outer lr's default follows them);
+    ``fragments``: the number a streamed round ran in (default: the config's ``outer_fragments``; fewer where the model
+    has fewer trainable tensors, :func:`fragments_ran`)."""
     if config.method != "flexdemo":
         return config.method
     if config.local_steps == 1:
@@ -70,7 +71,8 @@ def training_mode(config: FlexDeMoConfig, fragments: int | None = None) -> str:
                  if config.overlap == "delayed" else "")
     selected = "DCT coefficients" if config.compression_transform == "dct" else "values"
     return (f"local steps: {config.local_steps} AdamW steps per node, then a compressed pseudo-gradient "
-            f"exchange (top-k of its {selected}, {outer}, outer lr {config.outer_lr:g}{streaming})")
+            f"exchange (top-k of its {selected}, {outer}, outer lr "
+            f"{knobs.resolve_outer_lr(config.outer_lr, replicas):g}{streaming})")
 
 
 def fragments_ran(optimizer: FlexDeMo | None) -> int | None:
@@ -130,7 +132,7 @@ def _mode_line(config: FlexDeMoConfig, topology: Topology, optimizer: FlexDeMo |
                 "gradient all-reduce between nodes (torch AdamW; FlexDeMo's knobs do not apply)")
     if topology.replicate_size == 1:
         if config.replicator == "none":
-            mode = training_mode(config, fragments_ran(optimizer))
+            mode = training_mode(config, 1, fragments_ran(optimizer))
             return f"- one node, the exchange emulated (replicator='none'): {mode}"
         if optimizer is None:
             return "- one node: nothing crosses nodes, so nothing is compressed"
@@ -139,7 +141,7 @@ def _mode_line(config: FlexDeMoConfig, topology: Topology, optimizer: FlexDeMo |
     if config.method == "demo":
         return ("- mode: the DeMo baseline: no sharding, every rank a replica, DeMo's compressed momentum exchange "
                 "across all of them every step")
-    return f"- mode: {training_mode(config, fragments_ran(optimizer))}"
+    return f"- mode: {training_mode(config, topology.replicate_size, fragments_ran(optimizer))}"
 
 
 def _size(count: float) -> str:

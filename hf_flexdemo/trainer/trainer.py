@@ -119,7 +119,7 @@ def describe_setup(config: FlexDeMoConfig, topology: Topology, source: str) -> s
                        "between nodes (torch AdamW).")
     if config.method == "demo":
         return head + f"no sharding; DeMo's compressed exchange across all {topology.world_size} ranks."
-    return head + f"FSDP2 inside each node, FlexDeMo between nodes ({training_mode(config)})."
+    return head + f"FSDP2 inside each node, FlexDeMo between nodes ({training_mode(config, nodes)})."
 
 
 def _trainer_arguments(init: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:

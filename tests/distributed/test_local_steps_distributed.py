@@ -124,6 +124,13 @@ def test_bytes_equal_the_formula_on_exchange_steps_only(suite, case):
         assert expected > 0
 
 
+@pytest.mark.parametrize("case", HABITS)
+def test_the_outer_step_follows_the_nodes(suite, case):
+    """outer_lr's default, resolved at construction from the replicate group: sqrt(R / 2), at least 1."""
+    nodes = _topology(case)[0]
+    assert {rank[case]["outer_lr"] for rank in suite} == {{2: 1.0, 4: math.sqrt(2), 8: 2.0}[nodes]}
+
+
 @pytest.mark.parametrize("case", RESUMES)
 def test_resume_mid_round_continues_bit_identically(suite, case):
     """Saved one step into the second round: with overlap="delayed", the first round's exchange is in flight."""

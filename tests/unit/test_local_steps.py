@@ -4,6 +4,7 @@ and the low-bit wire values: what receivers decode is what the sender's error fe
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -439,3 +440,14 @@ def test_one_non_finite_gradient_costs_one_round_and_training_goes_on(knobs, bad
     for p in model.parameters():
         assert all(torch.isfinite(t).all() for t in (p, *opt.state[p].values()) if t.is_floating_point())
     assert all(not torch.equal(a, b) for a, b in zip(anchors[-9], anchors[-1]))  # the last rounds moved every anchor
+
+
+@pytest.mark.parametrize(("replicas", "given", "resolved"), [(1, None, 1.0), (2, None, 1.0), (3, None, math.sqrt(1.5)),
+                                                             (8, None, 2.0), (32, None, 4.0), (8, 0.5, 0.5)])
+def test_the_outer_step_defaults_to_the_square_root_of_half_the_nodes(replicas, given, resolved):
+    assert knobs.resolve_outer_lr(given, replicas) == resolved
+
+
+def test_one_node_resolves_the_outer_step_and_records_it():
+    opt = FlexDeMo(mlp().parameters(), compression=CompressionPolicy(replicator="none"))
+    assert opt.options["outer_lr"] == 1.0 and opt.state_dict()["flexdemo"]["options"]["outer_lr"] == 1.0

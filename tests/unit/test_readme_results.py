@@ -360,3 +360,25 @@ def test_the_house_refactor_trained_the_same_bit_for_bit(method):
     assert ran[0]["curve"] == ran[1]["curve"] and ran[0]["bytes_sent"]["total"] == ran[1]["bytes_sent"]["total"]
     loss, sent = repr(ran[0]["final_eval_loss"]), f"{int(ran[0]['bytes_sent']['total']):,}"
     assert f"{loss} / {loss} | {sent} / {sent} |" in PAGE
+
+
+def test_the_node_scaling_table_is_the_json():
+    """Every run of the node-scaling sweeps is one row of "Loss against the number of nodes": its final loss, its gap
+    against AdamW-HSDP on the same nodes and global batch, and a node's bits per parameter and step."""
+    runs = {**result("sweep_nodes")["runs"], **result("sweep_nodes_outer")["runs"]}
+
+    def topology(run: dict) -> tuple:
+        return run["knobs"].get("nodes", 2), run["knobs"].get("procs_per_node", 2), run["knobs"].get("scaling")
+
+    adamw = {topology(r): r["final_eval_loss"] for r in runs.values() if r["method"] == "adamw" and r["status"] == "ok"}
+    lines = PAGE.splitlines()
+    for key, run in runs.items():
+        assert run["status"] == "ok", key
+        nodes, procs, _ = topology(run)
+        if run["method"] == "adamw":
+            cells = f"| {nodes} × {procs} | AdamW-HSDP (fp32 reduce) | {run['final_eval_loss']:.3f} | – | – |"
+        else:
+            gap = 100 * (run["final_eval_loss"] / adamw[topology(run)] - 1)
+            bits = 32 * (nodes - 1) / nodes / run["bytes_sent"]["compression_ratio_vs_dense_bf16"]
+            cells = f"| {run['final_eval_loss']:.3f} | {gap:+.2f} % | {bits:.3g} |"
+        assert sum(line.startswith(f"| {nodes} × {procs} |") and line.endswith(cells) for line in lines) == 1, key

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from hf_flexdemo import FlexDeMoConfig
+from hf_flexdemo import knobs as knobs_module
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 # Fields that do not change what a run computes: the drift guard's action, and the topology and seed fields the
@@ -46,6 +47,8 @@ def test_a_rerun_builds_the_configuration_each_committed_run_recorded(sweep, gri
     for run, record in pairs:
         knobs = {k: v for k, v in {**pin, **run["knobs"]}.items() if k not in sweep.RUN_FLAGS}
         rebuilt = dataclasses.asdict(FlexDeMoConfig(method=run["method"], **knobs))
+        # these grids ran on 2 nodes, where outer_lr's default (None) resolves to the 1.0 they recorded
+        rebuilt["outer_lr"] = knobs_module.resolve_outer_lr(rebuilt["outer_lr"], 2)
         differing = {field: (value, rebuilt[field]) for field, value in record["flexdemo_config"].items()
                      if field in rebuilt and field not in NOT_COMPARED and rebuilt[field] != value}
         assert not differing, f"{sweep.run_key(run)}: recorded vs rebuilt {differing}"

@@ -93,7 +93,8 @@ def case_habits(args) -> dict:
                 after_exchange.append({n: full(p) for n, p in model.named_parameters()})
     shapes = [tuple(local(p).shape) for p in model.parameters()]
     return finished({"logs": logs, "comm_stats": stats, "after_exchange": after_exchange, "local_shapes": shapes,
-                     "replicas": dist.get_world_size(group)}, opt)  # streamed: the last round's exchange in flight
+                     "replicas": dist.get_world_size(group), "outer_lr": opt.options["outer_lr"]},
+                    opt)  # streamed: the last round's exchange in flight
 
 
 def case_resume(args) -> dict:
