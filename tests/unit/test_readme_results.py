@@ -382,3 +382,11 @@ def test_the_node_scaling_table_is_the_json():
             bits = 32 * (nodes - 1) / nodes / run["bytes_sent"]["compression_ratio_vs_dense_bf16"]
             cells = f"| {run['final_eval_loss']:.3f} | {gap:+.2f} % | {bits:.3g} |"
         assert sum(line.startswith(f"| {nodes} × {procs} |") and line.endswith(cells) for line in lines) == 1, key
+
+
+def test_the_compute_only_reference_run_is_the_json():
+    data = result("bandwidth_reference")
+    at = {t["link_mbit"]: t["variants"]["flexdemo"] for t in data["targets"].values()}
+    assert (f"**{at[10.0]['value']:.2f} ± {at[10.0]['error']:.2f} × the limit at 10 Mbit/s and "
+            f"{at[100.0]['value']:.2f} ± {at[100.0]['error']:.2f} × at 100 Mbit/s**") in PROSE
+    assert f"at commit {data['git_commit'][:7]} from a clean tree" in PROSE and not data["git_dirty"]
