@@ -390,3 +390,16 @@ def test_the_compute_only_reference_run_is_the_json():
     assert (f"**{at[10.0]['value']:.2f} ± {at[10.0]['error']:.2f} × the limit at 10 Mbit/s and "
             f"{at[100.0]['value']:.2f} ± {at[100.0]['error']:.2f} × at 100 Mbit/s**") in PROSE
     assert f"at commit {data['git_commit'][:7]} from a clean tree" in PROSE and not data["git_dirty"]
+
+
+def test_the_headline_node_scaling_gaps_are_the_json():
+    """The README's and the summary's 4- and 8-node gaps: the outer step of the default (sqrt(R / 2)) against
+    AdamW-HSDP on the same nodes."""
+    runs = {**result("sweep_nodes")["runs"], **result("sweep_nodes_outer")["runs"]}
+    gaps = []
+    for nodes, procs, outer in ((4, 2, "1.41"), (8, 1, "2")):
+        where = f"nodes={nodes} procs_per_node={procs} scaling=strong"
+        flexdemo = runs[f"flexdemo lr=0.003 nodes={nodes} outer_lr={outer} procs_per_node={procs} scaling=strong"]
+        gaps.append(100 * (flexdemo["final_eval_loss"] / runs[f"adamw lr=0.003 {where}"]["final_eval_loss"] - 1))
+    cell = f"| +{gaps[0]:.2f} % / +{gaps[1]:.2f} % | – |"
+    assert cell in PAGE and cell in (ROOT / "README.md").read_text()
