@@ -110,7 +110,8 @@ class FlexDeMo(StateDictMixin, DriftChecking, Optimizer):
         for group in self.param_groups:
             self._check_group(group)
         self.replicate = ReplicateGroup(replicate_group)
-        self.options["outer_lr"] = knobs.resolve_outer_lr(self.options["outer_lr"], self.replicate.size)
+        if self.options["local_steps"] > 1:  # the outer step's default follows the nodes (step-wise: unread)
+            self.options["outer_lr"] = knobs.resolve_outer_lr(self.options["outer_lr"], self.replicate.size)
         first = next(p for group in self.param_groups for p in group["params"])
         self.device = local_shard(first).device
         if shard_group is None and isinstance(first, DTensor) and first.device_mesh.ndim == 1:
