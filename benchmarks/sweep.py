@@ -65,7 +65,9 @@ def _local(steps: int, *, rate: float = 1 / 4, value_dtype: str = "int2", **knob
 # 8 x 8 blocks, bfloat16 values); "overlap" ran step-wise at the rule they chose; the local-steps grids waited
 # for each exchange unless a run said overlap="delayed" (the default "auto" streams now), streamed the whole
 # model in one round unless a run said outer_fragments (the default streams 4 fragments now), and selected from the
-# DCT unless a run said compression_transform (the default "auto" selects the values with local steps now).
+# DCT unless a run said compression_transform (the default "auto" selects the values with local steps now). The
+# node grids ran at outer_lr=1 unless a run said otherwise (the default now follows the nodes: sqrt(R / 2)).
+MEAN_OUTER = {"outer_lr": 1.0}
 STEP_WISE = {"local_steps": 1}
 FIRST_DEFAULTS = {**STEP_WISE, "momentum": "lr", "consensus": "choosers", "value_dtype": "bfloat16",
                   "compression_chunk": 8}
@@ -200,6 +202,7 @@ GRIDS: dict[str, dict[str, Any]] = {
     # (the batch per node fixed: the global batch grows with R).
     "nodes": {
         "argv": HORIZON,
+        "pin": MEAN_OUTER,
         "runs": [
             *(_run(method, 3e-3, **topology, scaling=scaling) for scaling in ("strong", "weak")
               for topology in reversed(NODE_TOPOLOGIES) for method in ("flexdemo", "adamw")
@@ -212,6 +215,7 @@ GRIDS: dict[str, dict[str, Any]] = {
     # length of a round.
     "nodes_outer": {
         "argv": HORIZON,
+        "pin": MEAN_OUTER,
         "runs": [
             *(_run("flexdemo", 3e-3, nodes=8, procs_per_node=1, scaling="strong", **knobs) for knobs in (
                 {"replicator": "full"}, {"outer_lr": 0.7, "outer_momentum": 0.9}, {"outer_lr": 2.0},

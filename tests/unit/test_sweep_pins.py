@@ -39,7 +39,8 @@ def committed_runs(sweep, grid: str) -> list[tuple[dict, dict]]:
             if run["method"] != "adamw" and sweep.run_key(run) in records]
 
 
-@pytest.mark.parametrize("grid", ["density", "levers", "overlap", "local", "local_long"])
+@pytest.mark.parametrize("grid", ["density", "levers", "overlap", "local", "local_long", "nodes",
+                                  "nodes_outer"])
 def test_a_rerun_builds_the_configuration_each_committed_run_recorded(sweep, grid):
     pairs = committed_runs(sweep, grid)
     assert pairs, f"no committed FlexDeMo run of grid {grid!r}"
@@ -47,8 +48,8 @@ def test_a_rerun_builds_the_configuration_each_committed_run_recorded(sweep, gri
     for run, record in pairs:
         knobs = {k: v for k, v in {**pin, **run["knobs"]}.items() if k not in sweep.RUN_FLAGS}
         rebuilt = dataclasses.asdict(FlexDeMoConfig(method=run["method"], **knobs))
-        # these grids ran on 2 nodes, where outer_lr's default (None) resolves to the 1.0 they recorded
-        rebuilt["outer_lr"] = knobs_module.resolve_outer_lr(rebuilt["outer_lr"], 2)
+        # outer_lr's default (None) resolves on the run's nodes (2 unless it says nodes): at 2, to the 1.0 recorded
+        rebuilt["outer_lr"] = knobs_module.resolve_outer_lr(rebuilt["outer_lr"], run["knobs"].get("nodes", 2))
         differing = {field: (value, rebuilt[field]) for field, value in record["flexdemo_config"].items()
                      if field in rebuilt and field not in NOT_COMPARED and rebuilt[field] != value}
         assert not differing, f"{sweep.run_key(run)}: recorded vs rebuilt {differing}"
