@@ -54,10 +54,12 @@ def package_url() -> str:
     return next((urls[label] for label in _URL_LABELS if label in urls), PYPI_URL)
 
 
-def training_mode(config: FlexDeMoConfig, replicas: int, fragments: int | None = None) -> str:
-    """How the nodes exchanged, in words, on ``replicas`` nodes (the outer lr's default follows them);
-    ``fragments``: the number a streamed round ran in (default: the config's ``outer_fragments``; fewer where the model
-    has fewer trainable tensors, :func:`fragments_ran`)."""
+def training_mode(config: FlexDeMoConfig, replicas: int, fragments: int | None = None,
+                  outer_lr: float | None = None) -> str:
+    """How the nodes exchanged, in words, on ``replicas`` nodes; ``fragments``: the number a streamed round ran in
+    (default: the config's ``outer_fragments``; fewer where the model has fewer trainable tensors,
+    :func:`fragments_ran`); ``outer_lr``: the outer step that ran (default: the config's, its default resolved on
+    ``replicas`` nodes; a run resumed on other nodes keeps its checkpoint's)."""
     if config.method != "flexdemo":
         return config.method
     if config.local_steps == 1:
@@ -72,7 +74,7 @@ def training_mode(config: FlexDeMoConfig, replicas: int, fragments: int | None =
     selected = "DCT coefficients" if config.compression_transform == "dct" else "values"
     return (f"local steps: {config.local_steps} AdamW steps per node, then a compressed pseudo-gradient "
             f"exchange (top-k of its {selected}, {outer}, outer lr "
-            f"{knobs.resolve_outer_lr(config.outer_lr, replicas):g}{streaming})")
+            f"{knobs.resolve_outer_lr(config.outer_lr if outer_lr is None else outer_lr, replicas):g}{streaming})")
 
 
 def fragments_ran(optimizer: FlexDeMo | None) -> int | None:
@@ -141,7 +143,8 @@ def _mode_line(config: FlexDeMoConfig, topology: Topology, optimizer: FlexDeMo |
     if config.method == "demo":
         return ("- mode: the DeMo baseline: no sharding, every rank a replica, DeMo's compressed momentum exchange "
                 "across all of them every step")
-    return f"- mode: {training_mode(config, topology.replicate_size, fragments_ran(optimizer))}"
+    ran = optimizer.options["outer_lr"] if optimizer is not None else None
+    return f"- mode: {training_mode(config, topology.replicate_size, fragments_ran(optimizer), ran)}"
 
 
 def _size(count: float) -> str:

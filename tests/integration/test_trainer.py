@@ -192,5 +192,7 @@ def test_the_model_card_names_the_mode():
     # the outer lr's default follows the nodes: sqrt(R / 2), at least 1
     assert [training_mode(FlexDeMoConfig(overlap="none"), nodes).endswith(f"outer lr {lr})")
             for nodes, lr in ((1, "1"), (2, "1"), (4, "1.41421"), (8, "2"))] == [True] * 4
+    # ... unless the run says what ran (a checkpoint from 2 nodes resumed on 8 keeps its outer step)
+    assert training_mode(FlexDeMoConfig(overlap="none"), 8, outer_lr=1.0).endswith("outer lr 1)")
     assert training_mode(FlexDeMoConfig(outer_fragments=2), 2).endswith(
         "it lands 1 inner step(s) after it starts, in 2 fragments whose rounds are staggered by 4 step(s))")
