@@ -14,6 +14,7 @@ header, and each run its invocation's index (``invocation``), so a run names the
     python benchmarks/sweep.py local      # H x rate x value bits x outer rule (x DCT, streaming), 300 steps (86 runs)
     python benchmarks/sweep.py local_long # local steps' candidates and AdamW at 1,000 steps, two seeds (10 runs)
     python benchmarks/sweep.py nodes      # the defaults and AdamW-HSDP at R = 2, 4, 8 nodes, 2,000 steps
+    python benchmarks/sweep.py nodes_leader  # replicator="leader" at R = 8, 4, 2 nodes, 2,000 steps
     python benchmarks/sweep.py levers --only "flexdemo lr=0.003 compression_feedback=0.2 momentum=ema"
 """
 
@@ -222,6 +223,20 @@ GRIDS: dict[str, dict[str, Any]] = {
                 {"local_steps": 4})),
             # the outer step sqrt(R / 2) at 4 nodes (1 at 2, 2 at 8)
             _run("flexdemo", 3e-3, nodes=4, procs_per_node=2, scaling="strong", outer_lr=1.41),
+        ],
+    },
+    # Received bytes flat in R: replicator="leader" (one node's positions, chosen the exchange before; one all-reduce
+    # of 2-bit codes) against the all-gather at the same outer step (grids "nodes" at 2 nodes and "nodes_outer" at 4
+    # and 8: the defaults' sqrt(R / 2)), strong scaling, 2,000 steps. At 8 nodes also twice the rate: the leader
+    # sends k values per block where the all-gather brings up to R k, and 1/2 still costs 0.6x the all-gather's 1/4.
+    "nodes_leader": {
+        "argv": HORIZON,
+        "runs": [
+            _run("flexdemo", 3e-3, nodes=8, procs_per_node=1, scaling="strong", replicator="leader"),
+            _run("flexdemo", 3e-3, nodes=8, procs_per_node=1, scaling="strong", replicator="leader",
+                 compression_rate=0.5),
+            _run("flexdemo", 3e-3, nodes=4, procs_per_node=2, scaling="strong", replicator="leader"),
+            _run("flexdemo", 3e-3, scaling="strong", replicator="leader"),
         ],
     },
     # At the package defaults: "delayed" is one step stale. ("backward" is "none"'s update, bit for bit, tested

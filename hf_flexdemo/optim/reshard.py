@@ -19,6 +19,9 @@ State of two kinds moves between nodes differently:
   nodes), ``reset`` (zeros, as a fresh optimizer) or ``keep`` (new node ``n`` takes old node ``n``'s: only when
   the number of nodes is unchanged). With ``average`` and ``reset`` a mid-round ``local`` shard restarts from the
   anchor: no new node has a trajectory of its own to continue, and the anchor is the point every old node agreed on.
+
+``replicator="leader"``'s agreed positions are in the old shards' blocks: they are dropped, and the first exchange
+after the resume draws new ones from the shared seed, as a run's first exchange does.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from typing import Any, Literal, get_args
 import torch
 from torch import Tensor
 
+from ..wire.replicators.leader import STATE_KEYS as LEADER_KEYS
 from .exchange import MOMENT_KEYS
 from .local_steps import LOCAL_KEY
 
@@ -128,6 +132,8 @@ def reshard_state_dict(states: Sequence[dict[str, Any]], *, old_shard_size: int,
         # reset restarts it with them, as a fresh optimizer would.
         step_per_node = options.get("local_steps", 1) > 1 or update.get(index) not in ("adamw", "rmsprop")
         for key, value in saved.items():
+            if key in LEADER_KEYS:  # positions in the old shards' blocks: the next exchange draws new ones
+                continue
             if not isinstance(value, Tensor):
                 entry[key] = value
                 continue

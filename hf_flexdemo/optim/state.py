@@ -13,11 +13,12 @@ from typing import Any
 import torch
 
 from ..knobs import OPTIMIZER_WIDE
+from ..wire.replicators import leader
 from . import local_steps
 from .exchange import HELD_KEYS, MOMENT_KEYS
 
 # What stays float32 whatever the parameters' dtype (torch's load_state_dict casts state to it).
-FLOAT32_KEYS = ("delta", *MOMENT_KEYS, *HELD_KEYS, *local_steps.FLOAT32_KEYS)
+FLOAT32_KEYS = ("delta", *MOMENT_KEYS, *HELD_KEYS, *local_steps.FLOAT32_KEYS, leader.SCALE)
 
 
 class StateDictMixin:

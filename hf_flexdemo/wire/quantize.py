@@ -66,15 +66,33 @@ def payload_bytes(k: int, value_dtype: str) -> int:
     return -(-k // per_byte) + SCALE_DTYPE.itemsize
 
 
+def scale_of(values: Tensor, bits: int) -> Tensor:
+    """The ``(N, 1)`` bfloat16 scale of ``(N, k)`` values: each row's largest magnitude at the outermost level."""
+    offset = _offset(bits)
+    largest = values.abs().amax(dim=1, keepdim=True).float()
+    return (largest / offset).clamp_(min=_SMALLEST_SCALE, max=_LARGEST_LEVEL / offset).to(SCALE_DTYPE)
+
+
+def codes_at(values: Tensor, scale: Tensor, bits: int) -> Tensor:
+    """``(N, k)`` uint8 codes of ``values`` on the grid of the ``(N, 1)`` ``scale``; a value past the outermost level
+    takes it. A zero scale (nothing agreed yet) gives codes that :func:`levels` decodes to zeros."""
+    # float32 division: a bfloat16 ``values`` is promoted as it is read, without a float32 copy first
+    step = scale.float().clamp(min=_SMALLEST_SCALE)
+    return torch.div(values, step).add_(_offset(bits)).round_().clamp_(0, 2**bits - 1).to(torch.uint8)
+
+
+def levels(codes: Tensor, scale: Tensor, bits: int) -> Tensor:
+    """The float32 values that ``codes`` (any integer type, or a mean of codes) stand for at ``scale``."""
+    return codes.float().sub_(_offset(bits)).mul_(scale.float())
+
+
 def encode(values: Tensor, value_dtype: str) -> list[Tensor]:
     """The wire pieces (``[codes, scale, shape]``, see the module docstring) of ``(N, k)`` values."""
     bits = WIDTHS[value_dtype]
     count, k = values.shape
-    offset, per_byte = _offset(bits), 8 // bits
-    largest = values.abs().amax(dim=1, keepdim=True).float()
-    scale = (largest / offset).clamp_(min=_SMALLEST_SCALE, max=_LARGEST_LEVEL / offset).to(SCALE_DTYPE)
-    # float32 division: a bfloat16 ``values`` is promoted as it is read, without a float32 copy first
-    codes = torch.div(values, scale.float()).add_(offset).round_().clamp_(0, 2**bits - 1).to(torch.uint8)
+    per_byte = 8 // bits
+    scale = scale_of(values, bits)
+    codes = codes_at(values, scale, bits)
     if k % per_byte:
         codes = torch.cat([codes, codes.new_zeros(count, per_byte - k % per_byte)], dim=1)
     return [pack(codes, bits), scale, values.new_empty((0, bits, k), dtype=torch.uint8)]
@@ -84,7 +102,7 @@ def decode(pieces: list[Tensor]) -> Tensor:
     """The float32 values of :func:`encode`'s pieces, ``(..., N, k)`` for any leading dimensions."""
     packed, scale, shape = pieces
     bits, k = shape.shape[-2:]
-    return unpack(packed, bits)[..., :k].float().sub_(_offset(bits)).mul_(scale.float())
+    return levels(unpack(packed, bits)[..., :k], scale, bits)
 
 
 def count(pieces: list[Tensor]) -> int:

@@ -2,7 +2,7 @@
 bit-identical after every exchange, nothing crosses nodes in an inner step, the bytes of the formula on exchange
 steps only, and a resume in the middle of a round. The same at R = 2, 4 and 8 nodes (8 ranks as 2 x 4, 4 x 2 and
 8 x 1) with positions as packed indices (rate 1/16 of 8 x 8: 4 indices of 6 bits, 3 bytes, against the bitmask's
-8)."""
+8). ``replicator="leader"`` (one all-reduce of codes) at R = 2, 4 and 8 the same way."""
 
 from __future__ import annotations
 
@@ -17,15 +17,22 @@ from hf_flexdemo.wire import compression
 from hf_flexdemo.wire.dct import BlockLayout
 from hf_flexdemo.wire.replicators import exchange_bytes
 
+LEADER = ",replicator=leader"  # the exchange whose received bytes are flat in R: one all-reduce of codes
 CASES = ["averaging", "habits,topology=2x2,value_dtype=int2", "habits,topology=4x1,value_dtype=int4,local_steps=2",
          "habits,topology=2x2,value_dtype=int2,overlap=delayed", "resume,value_dtype=int4",
-         "resume,value_dtype=int4,overlap=delayed,outer_delay=2", "nonfinite,bad=3", "nonfinite,bad=4"]
+         "resume,value_dtype=int4,overlap=delayed,outer_delay=2", "nonfinite,bad=3", "nonfinite,bad=4",
+         f"habits,topology=2x2,value_dtype=int2{LEADER}",
+         f"habits,topology=4x1,value_dtype=int4,overlap=delayed{LEADER}",
+         f"resume,value_dtype=int4,overlap=delayed,outer_delay=2{LEADER}"]
 INDICES = ",rate=0.0625"  # 4 of each 8 x 8 block: packed indices
 CASES8 = [f"habits,topology=2x4,value_dtype=int2{INDICES}",
           f"habits,topology=4x2,value_dtype=int2,overlap=delayed{INDICES}",
           f"habits,topology=8x1,value_dtype=int2,overlap=delayed{INDICES}",
           f"resume,topology=4x2,value_dtype=int2{INDICES}",
-          f"resume,topology=8x1,value_dtype=int2,overlap=delayed,outer_delay=2{INDICES}"]
+          f"resume,topology=8x1,value_dtype=int2,overlap=delayed,outer_delay=2{INDICES}",
+          f"habits,topology=8x1,value_dtype=int2,overlap=delayed{INDICES}{LEADER}",
+          f"habits,topology=4x2,value_dtype=int2{INDICES}{LEADER}",
+          f"resume,topology=8x1,value_dtype=int2{INDICES}{LEADER}"]
 HABITS = [case for case in CASES + CASES8 if case.startswith("habits")]
 RESUMES = [case for case in CASES + CASES8 if case.startswith("resume")]
 
@@ -86,7 +93,8 @@ def test_inner_steps_are_silent_and_an_exchange_crosses_nodes_once(suite, case):
             if not (sends or lands):
                 assert log == {"collectives": [], "syncs": []}, (step, log)  # no collective, no host sync
                 continue
-            assert [name for name, _ in crossing] == ([GATHER] if sends else []), log
+            collective = "all_reduce" if _option(case, "replicator", "demo") == "leader" else GATHER
+            assert [name for name, _ in crossing] == ([collective] if sends else []), log
             assert not sends or rank in crossing[0][1]
             assert log["syncs"] == (["item"] if lands else []), log["syncs"]  # the skip decision
 
@@ -110,7 +118,8 @@ def test_bytes_equal_the_formula_on_exchange_steps_only(suite, case):
     for rank in suite:
         result = rank[case]
         every = len(result["comm_stats"]) // 2
-        expected = exchange_bytes("demo", result["local_shapes"], result["replicas"], rate=rate, topk=None, chunk=8,
+        expected = exchange_bytes(_option(case, "replicator", "demo"), result["local_shapes"], result["replicas"],
+                                  rate=rate, topk=None, chunk=8,
                                   value_dtype=_option(case, "value_dtype", "int2"))
         assert result["replicas"] == _topology(case)[0]
         layouts = [BlockLayout.for_shape(shape, 8) for shape in result["local_shapes"] if math.prod(shape)]
@@ -140,6 +149,7 @@ def test_resume_mid_round_continues_bit_identically(suite, case):
         assert {"anchor", "delta", "exp_avg", "exp_avg_sq", "outer_avg", "local", "step"} <= set(result["keys"])
         assert result["options"]["local_steps"] == 3 and result["options"]["outer_momentum"] == 0.9
         assert ({"pending_delta", "pending_update"} <= set(result["keys"])) == ("delayed" in case)
+        assert ({"leader_indices", "leader_scale"} <= set(result["keys"])) == (LEADER in case)
 
 
 @pytest.mark.parametrize("case", ["nonfinite,bad=3", "nonfinite,bad=4"])

@@ -33,7 +33,9 @@ def _params(dtype=torch.float32):
         ({"momentum_decay": -0.1}, "momentum_decay", "[0, 1)"),
         ({"lr": -1.0}, "lr", ">= 0"),
         ({"update": "lion"}, "update", "sign | sgd | adamw"),
-        ({"replicator": "powersgd"}, "replicator", "demo | random | full | none"),
+        ({"replicator": "powersgd"}, "replicator", "demo | leader | random | full | none"),
+        ({"replicator": "leader", "value_dtype": "float8"}, "value_dtype", "'int2' | 'int4' with replicator='leader'"),
+        ({"replicator": "leader", "budget_bytes": 10}, "replicator", "'demo' | 'random' with a budget"),
         ({"consensus": "mean"}, "consensus", "choosers | replicas"),
         ({"momentum": "nesterov"}, "momentum", "lr | ema | avg | adam"),
         ({"compression_feedback": 0.0}, "compression_feedback", "(0, 1]"),
@@ -60,10 +62,11 @@ def test_invalid_arguments_name_field_and_accepted_values(kwargs, field, accepte
 
 @pytest.mark.parametrize(("replicator", "local_steps", "wire"), [
     ("demo", 1, "float8"), ("demo", 4, "int2"), ("random", 1, "bfloat16"), ("full", 1, "bfloat16"),
-    ("full", 4, "bfloat16")])
+    ("full", 4, "bfloat16"), ("leader", 1, "int2"), ("leader", 4, "int2")])
 def test_auto_value_dtype_is_scaled_for_demo_only(replicator, local_steps, wire):
     """The default ``value_dtype="auto"`` resolves once, so the state_dict records (and a resume keeps) the wire type;
-    ``random``'s all-reduce adds values, which per-block scales would not allow."""
+    ``random``'s all-reduce adds values, which per-block scales would not allow; ``leader``'s adds codes on one
+    shared scale."""
     opt = FlexDeMo(_params(), local_steps=local_steps, compression=CompressionPolicy(replicator=replicator))
     assert opt.options["value_dtype"] == wire
     assert opt.options["overlap"] == ("delayed" if local_steps > 1 else "none")

@@ -10,12 +10,14 @@ from .base import Exchange, Replicator, ShardTotals
 from .demo import DemoReplicator
 from .emulated import EmulatedReplicator
 from .full import FullReplicator
+from .leader import LeaderReplicator
 from .random_positions import RandomReplicator
 
 REGISTRY: dict[str, type[Replicator]] = {
     DemoReplicator.name: DemoReplicator,
     RandomReplicator.name: RandomReplicator,
     FullReplicator.name: FullReplicator,
+    LeaderReplicator.name: LeaderReplicator,
     EmulatedReplicator.name: EmulatedReplicator,
 }
 

@@ -45,16 +45,19 @@ class Exchange:
 
 @dataclass(frozen=True)
 class ShardTotals:
-    """What one rank's local shards amount to at a rate: kept coefficients, elements and block payload bytes."""
+    """What one rank's local shards amount to at a rate: kept coefficients, elements and block payload bytes, and
+    per shard ``(blocks, block size, kept per block)`` for formulas that are not linear in the kept count."""
 
     kept: int
     numel: int
     payload: int
+    blocks: tuple[tuple[int, int, int], ...] = ()
 
     @classmethod
     def of(cls, local_shapes: list[tuple[int, ...]], *, rate: float | None, topk: int | None, chunk: int,
            value_dtype: str) -> ShardTotals:
         kept = numel = payload = 0
+        blocks = []
         for shape in local_shapes:
             if not math.prod(shape):
                 continue
@@ -63,7 +66,8 @@ class ShardTotals:
             kept += layout.num_blocks * k
             numel += math.prod(shape)
             payload += layout.num_blocks * compression.block_payload_bytes(layout.block_numel, k, value_dtype)
-        return cls(kept, numel, payload)
+            blocks.append((layout.num_blocks, layout.block_numel, k))
+        return cls(kept, numel, payload, tuple(blocks))
 
 
 class Replicator(ABC):

@@ -73,7 +73,8 @@ def case_habits(args) -> dict:
     model, group = sharded(procs_per_node(args.topology))
     opt = FlexDeMo(model.parameters(), lr=1e-3, replicate_group=group, local_steps=int(args.local_steps),
                    overlap=args.overlap,
-                   compression=CompressionPolicy(rate=float(args.rate), chunk=8, value_dtype=args.value_dtype),
+                   compression=CompressionPolicy(rate=float(args.rate), chunk=8, value_dtype=args.value_dtype,
+                                                 replicator=args.replicator),
                    guards=GuardPolicy(drift_check_every=0), outer=OuterPolicy(delay=int(args.outer_delay), fragments=1))
     logs, stats, after_exchange = [], [], []
     for step in range(3 * int(args.local_steps)):  # the first round unobserved: it creates the state
@@ -102,7 +103,8 @@ def case_resume(args) -> dict:
     (the parameters overwritten, as a checkpoint of one replica's would), then the rest: bitwise equal. (Streaming
     with outer_delay 2: saved while round 1's exchange is in flight.)"""
     rounds = int(args.local_steps)
-    kwargs = dict(lr=3e-3, local_steps=rounds, value_dtype=args.value_dtype, outer_lr=0.7, outer_momentum=0.9,
+    kwargs = dict(lr=3e-3, local_steps=rounds, value_dtype=args.value_dtype, replicator=args.replicator,
+                  outer_lr=0.7, outer_momentum=0.9,
                   compression_rate=float(args.rate), compression_chunk=8, overlap=args.overlap,
                   outer_delay=int(args.outer_delay),
                   drift_check_every=1)  # the exact check, wherever replicas agree (streaming: in the landing step)
@@ -156,4 +158,4 @@ def case_nonfinite(args) -> dict:
 
 if __name__ == "__main__":
     main(globals(), {"steps": "6", "local_steps": "3", "topology": "2x2", "value_dtype": "int2", "overlap": "none",
-                     "outer_delay": "1", "bad": "5", "rate": "0.25"})
+                     "outer_delay": "1", "bad": "5", "rate": "0.25", "replicator": "demo"})
