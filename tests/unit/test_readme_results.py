@@ -403,3 +403,19 @@ def test_the_headline_node_scaling_gaps_are_the_json():
         gaps.append(100 * (flexdemo["final_eval_loss"] / runs[f"adamw lr=0.003 {where}"]["final_eval_loss"] - 1))
     cell = f"| +{gaps[0]:.2f} % / +{gaps[1]:.2f} % | – |"
     assert cell in PAGE and cell in (ROOT / "README.md").read_text()
+
+
+def test_the_flat_exchange_row_is_the_json():
+    """"Received bytes flat in the number of nodes": each run of grid nodes_leader, its gap against AdamW-HSDP on the
+    same nodes (grid nodes) and a node's bits per parameter and step."""
+    data = result("sweep_nodes_leader")
+    adamw = result("sweep_nodes")["runs"]
+    assert f"at commit\n{data['git_commit'][:7]} from a clean tree" in PAGE and not data["git_dirty"]
+    for key, run in data["runs"].items():
+        nodes, procs = run["knobs"]["nodes"], run["knobs"]["procs_per_node"]
+        reference = adamw[f"adamw lr=0.003 nodes={nodes} procs_per_node={procs} scaling=strong"]["final_eval_loss"]
+        gap = 100 * (run["final_eval_loss"] / reference - 1)
+        bits = 32 * (nodes - 1) / nodes / run["bytes_sent"]["compression_ratio_vs_dense_bf16"]
+        cells = f"| {run['final_eval_loss']:.3f} | {gap:+.2f} % | {bits:.3g} |"
+        assert sum(line.startswith(f"| {nodes} × {procs} | `replicator=\"leader\"`") and line.endswith(cells)
+                   for line in PAGE.splitlines()) == 1, key

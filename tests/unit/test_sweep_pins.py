@@ -40,7 +40,7 @@ def committed_runs(sweep, grid: str) -> list[tuple[dict, dict]]:
 
 
 @pytest.mark.parametrize("grid", ["density", "levers", "overlap", "local", "local_long", "nodes",
-                                  "nodes_outer"])
+                                  "nodes_outer", "nodes_leader"])
 def test_a_rerun_builds_the_configuration_each_committed_run_recorded(sweep, grid):
     pairs = committed_runs(sweep, grid)
     assert pairs, f"no committed FlexDeMo run of grid {grid!r}"
@@ -50,7 +50,9 @@ def test_a_rerun_builds_the_configuration_each_committed_run_recorded(sweep, gri
         rebuilt = dataclasses.asdict(FlexDeMoConfig(method=run["method"], **knobs))
         # outer_lr's default (None) resolves on the run's nodes (2 unless it says nodes): at 2, to the 1.0 recorded
         rebuilt["outer_lr"] = knobs_module.resolve_outer_lr(rebuilt["outer_lr"], run["knobs"].get("nodes", 2))
-        differing = {field: (value, rebuilt[field]) for field, value in record["flexdemo_config"].items()
+        recorded = dict(record["flexdemo_config"])  # a run at the default records None, resolved on its nodes
+        recorded["outer_lr"] = knobs_module.resolve_outer_lr(recorded.get("outer_lr"), run["knobs"].get("nodes", 2))
+        differing = {field: (value, rebuilt[field]) for field, value in recorded.items()
                      if field in rebuilt and field not in NOT_COMPARED and rebuilt[field] != value}
         assert not differing, f"{sweep.run_key(run)}: recorded vs rebuilt {differing}"
 
