@@ -81,6 +81,16 @@ class Replicator(ABC):
     def __init__(self, group: ReplicateGroup, *, value_dtype: str, consensus: str, seed: int) -> None:
         self.group, self.value_dtype, self.consensus, self.seed = group, value_dtype, consensus, seed
 
+    def shared_seed(self, step: int, stack: Stack) -> int:
+        """A seed every replica derives alike for ``stack``'s exchange launched at ``step``."""
+        return self.seed * 2**40 + step * 2**16 + stack.index
+
+    def shared_generator(self, step: int, stack: Stack, device: torch.device) -> torch.Generator:
+        """A generator on ``device`` seeded with :meth:`shared_seed`: the same draws on every replica."""
+        generator = torch.Generator(device=device)
+        generator.manual_seed(self.shared_seed(step, stack))
+        return generator
+
     @abstractmethod
     def select(self, stack: Stack, *, k: int, step: int, workspace: Workspace) -> Tensor:
         """Choose what of ``stack.momentum`` travels (``k`` per block); returns the tensor whose finiteness

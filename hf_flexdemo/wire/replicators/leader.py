@@ -45,11 +45,12 @@ class LeaderReplicator(BlockReplicator):
     def __init__(self, group: ReplicateGroup, **kwargs: Any) -> None:
         super().__init__(group, **kwargs)
         self.bits = quantize.WIDTHS[self.value_dtype]
-        self._leads: dict[int, bool] = {}  # per stack, in the exchange being built: whether this replica leads
+        # per stack, from its selection to its decode: whether this replica leads the exchange, and the agreed scale
+        self._rounds: dict[int, tuple[bool, Tensor]] = {}
 
     def leader(self, step: int, stack: Stack) -> int:
         """The replica that chooses the next positions of ``stack`` in the exchange launched at ``step``."""
-        return random.Random(self.seed * 2**40 + step * 2**16 + stack.index).randrange(self.group.size)
+        return random.Random(self.shared_seed(step, stack)).randrange(self.group.size)
 
     def agreed(self, stack: Stack, k: int) -> tuple[Tensor, Tensor] | None:
         """The ``(N, k)`` positions and ``(N, 1)`` float32 scale every replica agreed on for ``stack``'s next
@@ -60,20 +61,22 @@ class LeaderReplicator(BlockReplicator):
         return torch.cat([s[INDICES] for s in states]).long(), torch.cat([s[SCALE] for s in states])
 
     def choose(self, stack: Stack, coefficients: Tensor, *, k: int, step: int, scratch: Tensor) -> Tensor:
-        self._leads[stack.index] = self.leader(step, stack) == self.group.rank
+        """The agreed positions (before the first agreement: drawn from the shared seed, at scale 0)."""
+        leads = self.leader(step, stack) == self.group.rank
         agreed = self.agreed(stack, k)
         if agreed is not None:
+            self._rounds[stack.index] = (leads, agreed[1])
             return agreed[0]
-        generator = torch.Generator(device=coefficients.device)
-        generator.manual_seed(self.seed * 2**40 + step * 2**16 + stack.index)
-        return compression.select_random(stack.layout, stack.momentum.shape[0], k, generator)
+        count = stack.momentum.shape[0] * stack.layout.num_blocks
+        self._rounds[stack.index] = (leads, torch.zeros((count, 1), device=coefficients.device))
+        return compression.select_random(stack.layout, stack.momentum.shape[0], k,
+                                         self.shared_generator(step, stack, coefficients.device))
 
     def encode(self, stack: Stack, *, feedback: float, workspace: Workspace) -> None:
         """The values' codes on the agreed scale (0 before the first agreement: nothing is sent); error feedback
         subtracts what they decode to. The leader then proposes the next positions from what is left."""
         momentum, values = stack.momentum, stack.values
-        agreed = self.agreed(stack, values.shape[1])
-        scale = agreed[1] if agreed is not None else values.new_zeros((values.shape[0], 1), dtype=torch.float32)
+        scale = self._rounds[stack.index][1]
         codes = quantize.codes_at(values, scale, self.bits)
         sent = compression.scatter_mean(stack.positions.unsqueeze(0),
                                         quantize.levels(codes, scale, self.bits).view(1, -1),
@@ -86,7 +89,7 @@ class LeaderReplicator(BlockReplicator):
         scale (their largest magnitude at the outermost level), as bytes in lanes; zeros on the other replicas."""
         layout, momentum = stack.layout, stack.momentum
         size = lanes.byte_lanes(proposal_bytes(layout.block_numel, k))
-        if not self._leads[stack.index]:
+        if not self._rounds[stack.index][0]:
             return torch.zeros((stack.values.shape[0], size), dtype=torch.int32, device=momentum.device)
         held = momentum
         if layout.transform != "none":
@@ -113,8 +116,7 @@ class LeaderReplicator(BlockReplicator):
         layout, (count, k), replicas = stack.layout, stack.values.shape, self.group.size
         codes, proposal = received.split([count * lanes.lanes_for(k, self.bits, replicas),
                                           count * lanes.byte_lanes(proposal_bytes(layout.block_numel, k))])
-        agreed = self.agreed(stack, k)
-        scale = agreed[1] if agreed is not None else torch.zeros((count, 1), device=received.device)
+        scale = self._rounds.pop(stack.index)[1]
         mean = lanes.unpack(codes.view(count, -1), k, self.bits, replicas).float().div_(replicas)
         dense = compression.scatter_mean(stack.positions.unsqueeze(0),
                                          quantize.levels(mean, scale, self.bits).view(1, -1),

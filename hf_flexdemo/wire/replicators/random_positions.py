@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import torch
 from torch import Tensor
 
 from .. import compression
@@ -23,10 +22,9 @@ class RandomReplicator(BlockReplicator):
     name = "random"
 
     def choose(self, stack: Stack, coefficients: Tensor, *, k: int, step: int, scratch: Tensor) -> Tensor:
-        generator = torch.Generator(device=coefficients.device)
-        generator.manual_seed(self.seed * 2**40 + step * 2**16 + stack.index)
         stack.wire = []  # every replica draws the positions: only values travel
-        return compression.select_random(stack.layout, stack.momentum.shape[0], k, generator)
+        return compression.select_random(stack.layout, stack.momentum.shape[0], k,
+                                         self.shared_generator(step, stack, coefficients.device))
 
     def start(self, stacks: list[Stack], trailer: list[Tensor], stats: CommStats) -> Exchange:
         payload = [s.wire[0].reshape(-1) for s in stacks]
