@@ -15,6 +15,7 @@ header, and each run its invocation's index (``invocation``), so a run names the
     python benchmarks/sweep.py local_long # local steps' candidates and AdamW at 1,000 steps, two seeds (10 runs)
     python benchmarks/sweep.py nodes      # the defaults and AdamW-HSDP at R = 2, 4, 8 nodes, 2,000 steps
     python benchmarks/sweep.py nodes_leader  # replicator="leader" at R = 8, 4, 2 nodes, 2,000 steps
+    python benchmarks/sweep.py bits       # the defaults and half their bits or less at 2 nodes, 2,000 steps
     python benchmarks/sweep.py levers --only "flexdemo lr=0.003 compression_feedback=0.2 momentum=ema"
 """
 
@@ -237,6 +238,20 @@ GRIDS: dict[str, dict[str, Any]] = {
                  compression_rate=0.5),
             _run("flexdemo", 3e-3, nodes=4, procs_per_node=2, scaling="strong", replicator="leader"),
             _run("flexdemo", 3e-3, scaling="strong", replicator="leader"),
+        ],
+    },
+    # Bits at 2 nodes over 2,000 steps (2 x 2): AdamW-HSDP, the defaults (0.19 bits per parameter per step sent per
+    # node), and the ways to send half of that or less: rounds twice or four times as long (local_steps 16, 32; the
+    # bitmask and 2-bit values per round unchanged), or a sixteenth of each 32 x 32 block per round, whose positions
+    # pack as 10-bit indices (0.096 bits). Each gap against the AdamW-HSDP run of this grid.
+    "bits": {
+        "argv": HORIZON,
+        "runs": [
+            _run("adamw", 3e-3),
+            _run("flexdemo", 3e-3),
+            _run("flexdemo", 3e-3, local_steps=16),
+            _run("flexdemo", 3e-3, compression_rate=1 / 16),
+            _run("flexdemo", 3e-3, local_steps=32),
         ],
     },
     # At the package defaults: "delayed" is one step stale. ("backward" is "none"'s update, bit for bit, tested
