@@ -8,6 +8,7 @@ steps too: 2 x 2 -> 1 x 2 from a checkpoint in the middle of a round."""
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -66,11 +67,18 @@ def _losses(result: dict) -> dict[int, float]:
     return {e["step"]: e["loss"] for e in result["log_history"] if "loss" in e}
 
 
+@functools.cache
+def _rank_states(checkpoint: Path) -> tuple[int, list[dict]]:
+    """The checkpoint's shard size and each rank file's optimizer ``state`` (loaded once per checkpoint)."""
+    record = json.loads((checkpoint / "flexdemo_topology.json").read_text())
+    files = [torch.load(checkpoint / name, weights_only=True)["state"] for name in record["files"]]
+    return record["shard_size"], files
+
+
 def _old_state(checkpoint: Path, key: str, index: int) -> list[torch.Tensor]:
     """Each old node's full tensor of ``state[index][key]`` from the checkpoint's rank files."""
-    record = json.loads((checkpoint / "flexdemo_topology.json").read_text())
-    states = [torch.load(checkpoint / name, weights_only=True)["state"][index][key] for name in record["files"]]
-    return assemble(states, record["shard_size"])
+    shard_size, files = _rank_states(checkpoint)
+    return assemble([state[index][key] for state in files], shard_size)
 
 
 PAIRS = [("2x2", "1x2", "average"), ("2x2", "1x2", "reset"), ("1x2", "2x2", "average"), ("1x2", "2x2", "reset"),
