@@ -249,6 +249,9 @@ GRIDS: dict[str, dict[str, Any]] = {
         "runs": [
             _run("adamw", 3e-3),
             _run("flexdemo", 3e-3),
+            # the defaults fall behind as the learning rate decays (+0.0 % at step 1,000, +3.0 % at 2,000): does error
+            # feedback that forgets (SparseLoCo's 0.95 per exchange) stop stale residuals crossing late in the run?
+            _run("flexdemo", 3e-3, feedback_decay=0.95),
             _run("flexdemo", 3e-3, local_steps=16),
             _run("flexdemo", 3e-3, compression_rate=1 / 16),
             _run("flexdemo", 3e-3, local_steps=32),
