@@ -1,7 +1,10 @@
-"""FlexDeMoTrainer on 4 CPU ranks (2 nodes x 2 processes), a tiny T5 on a toy reversal task."""
+"""FlexDeMoTrainer on 4 CPU ranks (2 nodes x 2 processes), a tiny T5 on a toy reversal task: two launches of
+several trainer runs each (``trainer_worker --runs``; most of a launch's time on CPU is the ranks' imports), and
+one through ``accelerate launch``."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -16,13 +19,61 @@ def _train_losses(log_history: list[dict]) -> dict[int, float]:
     return {e["step"]: e["loss"] for e in log_history if "loss" in e}
 
 
+MID_ROUND = [("none", 1, 10), ("delayed", 1, 8), ("delayed", 0, 9)]  # (overlap, outer_fragments, checkpoint step)
+
+
+def _mid_round_flags(overlap: str, fragments: int) -> list[str]:
+    return ["--steps", "18", "--logging_steps", "1", "--local_steps", "4", "--value_dtype", "int2", "--topk", "0",
+            "--overlap", overlap, *(("--outer_fragments", str(fragments)) if fragments else ())]
+
+
+def _launch(out, runs: list[list[str]]) -> dict[str, list[dict]]:
+    """Several trainer runs in one 4-rank launch, in order (``[name, *flags]``; a run's output directory is
+    ``out/name``): each run's results, one per rank, by name."""
+    runs = [[name, "--output_dir", str(out / name), *flags] for name, *flags in runs]
+    ranks = run_worker("trainer_worker", 4, out, "--runs", json.dumps(runs), timeout=1200)
+    return {name: [rank[name] for rank in ranks] for name, *_ in runs}
+
+
 @pytest.fixture(scope="module")
-def straight(tmp_path_factory):
-    """20 steps of method="flexdemo", a checkpoint at step 10, the final model saved."""
-    out = tmp_path_factory.mktemp("straight")
-    ranks = run_worker("trainer_worker", 4, out, "--output_dir", str(out / "run"), "--steps", "20",
-                       "--save_steps", "10", "--logging_steps", "1", "--final_save")
-    return out, ranks
+def flexdemo_runs(tmp_path_factory):
+    """The flexdemo runs and their resumes: 20 steps with a checkpoint at step 10 and the final model saved, resumed
+    from step 10; and local steps checkpointed mid-round (:data:`MID_ROUND`), each resumed."""
+    out = tmp_path_factory.mktemp("flexdemo")
+    runs = [["straight", "--steps", "20", "--save_steps", "10", "--logging_steps", "1", "--final_save"],
+            ["resumed", "--steps", "20", "--logging_steps", "1", "--resume", str(out / "straight" / "checkpoint-10")]]
+    for overlap, fragments, save in MID_ROUND:
+        name, flags = f"local-{overlap}-{fragments}-{save}", _mid_round_flags(overlap, fragments)
+        runs += [[name, "--save_steps", str(save), "--final_save", *flags],
+                 [f"{name}-resumed", "--resume", str(out / name / f"checkpoint-{save}"), *flags]]
+    return out, _launch(out, runs)
+
+
+@pytest.fixture(scope="module")
+def other_runs(tmp_path_factory):
+    """The baselines, the reduce dtypes, gradient accumulation against a larger batch, the overlap with backward,
+    and bf16 mixed precision."""
+    out = tmp_path_factory.mktemp("others")
+    # one node trains as AdamW, scale-free: the emulated wire's SGD shows a scale
+    accumulation = ["--steps", "3", "--lr", "0.5", "--update", "sgd", "--logging_steps", "1", "--shard_size", "4",
+                    "--replicator", "none"]
+    overlap = ["--steps", "3", "--batch", "2", "--ga", "2", "--topk", "0", "--update", "rmsprop",
+               "--bucket_cap_mb", "0.02"]
+    runs = [["adamw", "--method", "adamw", "--steps", "15", "--lr", "3e-3"],
+            ["demo", "--method", "demo", "--steps", "15", "--lr", "1e-3"],
+            *([f"reduce-{dtype}", "--method", "adamw", "--steps", "4", "--lr", "3e-3", "--reduce_dtype", dtype]
+              for dtype in ("float32", "bfloat16")),
+            ["big", "--batch", "4", *accumulation],
+            ["accumulated", "--batch", "2", "--ga", "2", "--undeclared_loss_kwargs", *accumulation],
+            *([f"overlap-{mode}", "--overlap", mode, *overlap] for mode in ("none", "backward")),
+            ["bf16", "--steps", "10", "--bf16"]]
+    return _launch(out, runs)
+
+
+@pytest.fixture(scope="module")
+def straight(flexdemo_runs):
+    out, runs = flexdemo_runs
+    return out, runs["straight"]
 
 
 def test_flexdemo_trains_logs_traffic_and_keeps_replicas_identical(straight):
@@ -53,18 +104,16 @@ def test_flexdemo_trains_logs_traffic_and_keeps_replicas_identical(straight):
 
 def test_saved_model_reloads_with_from_pretrained(straight):
     out, ranks = straight
-    model = AutoModelForSeq2SeqLM.from_pretrained(out / "run")
+    model = AutoModelForSeq2SeqLM.from_pretrained(out / "straight")
     with torch.no_grad():
         logits = model(**fixed_batch()).logits
     torch.testing.assert_close(logits, ranks[0]["logits"], atol=1e-5, rtol=1e-5)
-    assert (out / "run" / "checkpoint-10" / "flexdemo_complete.json").is_file()
-    assert len(list((out / "run" / "checkpoint-10" / "flexdemo_optimizer").glob("rank*.pt"))) == 4
+    assert (out / "straight" / "checkpoint-10" / "flexdemo_complete.json").is_file()
+    assert len(list((out / "straight" / "checkpoint-10" / "flexdemo_optimizer").glob("rank*.pt"))) == 4
 
 
-def test_resume_from_checkpoint_is_exact(straight, tmp_path):
-    out, ranks = straight
-    resumed = run_worker("trainer_worker", 4, tmp_path, "--output_dir", str(tmp_path / "run"), "--steps", "20",
-                         "--logging_steps", "1", "--resume", str(out / "run" / "checkpoint-10"))
+def test_resume_from_checkpoint_is_exact(flexdemo_runs):
+    ranks, resumed = flexdemo_runs[1]["straight"], flexdemo_runs[1]["resumed"]
     want, got = _train_losses(ranks[0]["log_history"]), _train_losses(resumed[0]["log_history"])
     assert sorted(got) == list(range(1, 21))  # steps 1-10 come back from the checkpoint's trainer state
     assert all(got[step] == want[step] for step in range(11, 21))
@@ -77,20 +126,16 @@ def test_resume_from_checkpoint_is_exact(straight, tmp_path):
             assert torch.equal(value, rank_resumed["params"][name]), name
 
 
-@pytest.mark.parametrize(("overlap", "fragments", "save"), [("none", 1, 10), ("delayed", 1, 8), ("delayed", 0, 9)])
-def test_local_steps_resume_mid_round_is_exact_and_log_outer_rounds(tmp_path, overlap, fragments, save):
+@pytest.mark.parametrize(("overlap", "fragments", "save"), MID_ROUND)
+def test_local_steps_resume_mid_round_is_exact_and_log_outer_rounds(flexdemo_runs, overlap, fragments, save):
     """local_steps=4 for 18 steps (exchanges at 4, 8, 12, 16; streamed, each lands in the next step) with a
     checkpoint mid-round, or streamed with the exchange of step 8 in flight, or streamed in the default 4
     fragments (one fragment's exchange every step) with the exchange of step 9 in flight: the resumed run's losses
     and parameters equal the straight run's, the logs count the rounds and the amortised bytes, and after train()
     every node holds the final round's consensus, the model saved."""
-    local = ("--steps", "18", "--logging_steps", "1", "--local_steps", "4", "--value_dtype", "int2", "--topk", "0",
-             "--overlap", overlap, *(("--outer_fragments", str(fragments)) if fragments else ()))
-    straight = tmp_path / "straight" / "run"
-    ranks = run_worker("trainer_worker", 4, tmp_path / "straight", "--output_dir", str(straight),
-                       "--save_steps", str(save), "--final_save", *local)
-    resumed = run_worker("trainer_worker", 4, tmp_path / "resumed", "--output_dir", str(tmp_path / "resumed" / "run"),
-                         "--resume", str(straight / f"checkpoint-{save}"), *local)
+    out, runs = flexdemo_runs
+    name = f"local-{overlap}-{fragments}-{save}"
+    straight, ranks, resumed = out / name, runs[name], runs[f"{name}-resumed"]
     want, got = _train_losses(ranks[0]["log_history"]), _train_losses(resumed[0]["log_history"])
     assert all(got[step] == want[step] for step in range(save + 1, 19))
     for rank_straight, rank_resumed in zip(ranks, resumed):
@@ -111,10 +156,8 @@ def test_local_steps_resume_mid_round_is_exact_and_log_outer_rounds(tmp_path, ov
 
 
 @pytest.mark.parametrize("method", ["adamw", "demo"])
-def test_baselines_train_through_the_same_trainer(method, tmp_path):
-    lr = "3e-3" if method == "adamw" else "1e-3"
-    ranks = run_worker("trainer_worker", 4, tmp_path, "--output_dir", str(tmp_path / "run"), "--method", method,
-                       "--steps", "15", "--lr", lr)
+def test_baselines_train_through_the_same_trainer(method, other_runs):
+    ranks = other_runs[method]
     losses = list(_train_losses(ranks[0]["log_history"]).values())
     assert losses[-1] < losses[0]
     assert ranks[0]["fsdp"] == (method == "adamw")
@@ -127,15 +170,12 @@ def test_baselines_train_through_the_same_trainer(method, tmp_path):
             assert torch.equal(value, other["params"][name]), name
 
 
-def test_adamw_baseline_reduces_gradients_in_bfloat16_when_asked(tmp_path):
+def test_adamw_baseline_reduces_gradients_in_bfloat16_when_asked(other_runs):
     """``reduce_dtype="bfloat16"`` (method="adamw"): FSDP2's policy casts the gradients to bfloat16 before the
     reduce-scatter inside the node and the all-reduce across nodes (gloo runs both in bfloat16 on CPU), so every
     reduced gradient the optimizer sees is a bfloat16 value; with the fp32 default almost none is, and training
     differs."""
-    runs = {dtype: run_worker("trainer_worker", 4, tmp_path / dtype, "--output_dir", str(tmp_path / dtype / "run"),
-                              "--method", "adamw", "--steps", "4", "--lr", "3e-3", "--reduce_dtype", dtype)
-            for dtype in ("float32", "bfloat16")}
-    bf16, fp32 = runs["bfloat16"], runs["float32"]
+    bf16, fp32 = other_runs["reduce-bfloat16"], other_runs["reduce-float32"]
     assert bf16[0]["mp_policy"].reduce_dtype == torch.bfloat16 and bf16[0]["mp_policy"].param_dtype is None
     assert fp32[0]["mp_policy"].reduce_dtype is None  # the gradients' own dtype: float32
     assert bf16[0]["reduce_dtypes"] == ["torch.bfloat16"] and fp32[0]["reduce_dtypes"] == ["None"]
@@ -152,7 +192,7 @@ def test_adamw_baseline_reduces_gradients_in_bfloat16_when_asked(tmp_path):
             assert torch.equal(value, other["params"][name]), name
 
 
-def test_gradient_accumulation_matches_a_larger_batch(tmp_path):
+def test_gradient_accumulation_matches_a_larger_batch(other_runs):
     """On one node, GA 2 x batch 2 and batch 4 average the same 16 samples per step (all 8 label tokens
     long), so parameters and losses must agree to float rounding. ``update="sgd"`` (``p -= Q``, Q linear
     in the gradient), because sign updates and top-k are scale-invariant and would hide a gradient of the
@@ -163,12 +203,7 @@ def test_gradient_accumulation_matches_a_larger_batch(tmp_path):
     so with GA each node averages a different subset of the step's samples.) The accumulated run's T5 does not
     declare ``accepts_loss_kwargs = False``, as ``from_pretrained`` gives it: ``FlexDeMoTrainer.compute_loss``
     must undo both of stock Trainer's factors, x 2 (no division by the GA steps) and x 4 (the processes)."""
-    common = ["--steps", "3", "--lr", "0.5", "--update", "sgd", "--logging_steps", "1", "--shard_size", "4",
-              "--replicator", "none"]  # one node trains as AdamW, scale-free: the emulated wire's SGD shows a scale
-    big = run_worker("trainer_worker", 4, tmp_path / "big", "--output_dir", str(tmp_path / "big" / "run"),
-                     "--batch", "4", *common)
-    accumulated = run_worker("trainer_worker", 4, tmp_path / "ga", "--output_dir", str(tmp_path / "ga" / "run"),
-                             "--batch", "2", "--ga", "2", "--undeclared_loss_kwargs", *common)
+    big, accumulated = other_runs["big"], other_runs["accumulated"]
     bound = 1e-6
     a, b = big[0]["params"], accumulated[0]["params"]
     assert max((a[n] - b[n]).abs().max().item() for n in a) <= bound
@@ -179,16 +214,11 @@ def test_gradient_accumulation_matches_a_larger_batch(tmp_path):
     assert all(got[step] == pytest.approx(want[step], rel=bound) for step in want)
 
 
-def test_overlap_under_the_trainer_exchanges_once_per_step_with_accumulation(tmp_path):
+def test_overlap_under_the_trainer_exchanges_once_per_step_with_accumulation(other_runs):
     """2 nodes x 2, gradient accumulation 2: Trainer skips FSDP2's gradient sync on the first micro-batch
     (Accelerate's no_sync), so each bucket's exchange starts once, during the last backward. Parameters
     equal those of the exchange in step() (``torch.equal``)."""
-    common = ["--steps", "3", "--batch", "2", "--ga", "2", "--topk", "0", "--update", "rmsprop",
-              "--bucket_cap_mb", "0.02"]
-    runs = {overlap: run_worker("trainer_worker", 4, tmp_path / overlap, "--output_dir", str(tmp_path / overlap / "r"),
-                                "--overlap", overlap, *common)
-            for overlap in ("none", "backward")}
-    for plain, overlapped in zip(runs["none"], runs["backward"]):
+    for plain, overlapped in zip(other_runs["overlap-none"], other_runs["overlap-backward"]):
         assert plain["comm_stats"]["collectives"] == 1
         assert overlapped["comm_stats"]["collectives"] > 2  # one per bucket
         for name, value in plain["params"].items():
@@ -204,8 +234,8 @@ def test_accelerate_launch_reads_the_topology_from_the_yaml(tmp_path):
     assert rank["log_history"][0]["flexdemo/bytes_sent"] > 0
 
 
-def test_bf16_mixed_precision_trains_with_fp32_parameters(tmp_path):
-    ranks = run_worker("trainer_worker", 4, tmp_path, "--output_dir", str(tmp_path / "run"), "--steps", "10", "--bf16")
+def test_bf16_mixed_precision_trains_with_fp32_parameters(other_runs):
+    ranks = other_runs["bf16"]
     losses = list(_train_losses(ranks[0]["log_history"]).values())
     assert losses[-1] < losses[0]
     assert {v.dtype for v in ranks[0]["params"].values()} == {torch.float32}

@@ -1,13 +1,21 @@
-"""Multi-rank FlexDeMoTrainer runs on a tiny T5; each rank saves what the test asserts on to OUT/rank{r}.pt."""
+"""Multi-rank FlexDeMoTrainer runs on a tiny T5; each rank saves what the test asserts on to OUT/rank{r}.pt.
+
+One run from the command line's flags, or several in one launch (``--runs``: a JSON list of ``[name, *flags]``,
+run in order, so a resume may follow the run that wrote its checkpoint): the ranks then save ``{name: result}``.
+Each run starts from a fresh Accelerate state, as a new launch would; what a launch costs on CPU is mostly the
+ranks' imports.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
+from accelerate.state import AcceleratorState
 from torch.distributed.tensor import DTensor
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from transformers import TrainingArguments
@@ -20,9 +28,9 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
-def main() -> None:
+def parse(argv: list[str]) -> argparse.Namespace:
+    """One run's flags."""
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--method", default="flexdemo")
     parser.add_argument("--steps", type=int, default=20)
@@ -47,7 +55,12 @@ def main() -> None:
     parser.add_argument("--replicator", default="demo", help="none: one node's emulated wire")
     parser.add_argument("--undeclared_loss_kwargs", action="store_true", help="T5 as from_pretrained gives it: "
                         "its forward's **kwargs make Trainer take it to read num_items_in_batch")
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Train one run; what the tests assert on."""
+    AcceleratorState._reset_state(reset_partial_state=True)  # each run builds its own mesh and FSDP2 state
 
     training_args = TrainingArguments(
         output_dir=args.output_dir, use_cpu=True, max_steps=args.steps, per_device_train_batch_size=args.batch,
@@ -69,11 +82,11 @@ def main() -> None:
         del model.accepts_loss_kwargs
     # Per optimizer step: whether every reduced gradient (this rank's shard) is exactly a bfloat16 value.
     bf16_exact_grads = []
-    register_optimizer_step_pre_hook(lambda opt, *_: bf16_exact_grads.append(all(
+    hooks = [register_optimizer_step_pre_hook(lambda opt, *_: bf16_exact_grads.append(all(
         bool((_local(p.grad).view(torch.int32) & 0xFFFF).eq(0).all())
-        for group in opt.param_groups for p in group["params"] if p.grad is not None)))
+        for group in opt.param_groups for p in group["params"] if p.grad is not None)))]
     last_step = {}  # the last optimizer step's traffic (after train(), comm_stats is the end-of-run landing's)
-    register_optimizer_step_post_hook(lambda opt, *_: last_step.update(getattr(opt, "comm_stats", {})))
+    hooks.append(register_optimizer_step_post_hook(lambda opt, *_: last_step.update(getattr(opt, "comm_stats", {}))))
     trainer = FlexDeMoTrainer(model=model, args=training_args, train_dataset=reverse_task(512),
                               flexdemo_config=config)
     resume = {"true": True, None: None}.get(args.resume, args.resume)
@@ -87,7 +100,9 @@ def main() -> None:
         logits = trainer.model(**fixed_batch()).logits.detach().clone()
         with trainer._consensus():
             consensus_logits = trainer.model(**fixed_batch()).logits.detach().clone()
-    result = {
+    for hook in hooks:  # the hooks are global: the next run's optimizer must not feed this run's lists
+        hook.remove()
+    return {
         "log_history": trainer.state.log_history,
         "params": params,
         "logits": logits,
@@ -102,10 +117,19 @@ def main() -> None:
                                  and m._get_fsdp_state()._fsdp_param_group is not None}),
         "bf16_exact_grads": bf16_exact_grads,
     }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--runs", help="a JSON list of [name, *flags]; without it, one run from the other flags")
+    args, flags = parser.parse_known_args()
+    if args.runs is None:
+        result = run(parse(flags))
+    else:
+        result = {name: run(parse(run_flags)) for name, *run_flags in json.loads(args.runs)}
     torch.save(result, args.out / f"rank{dist.get_rank()}.pt")
-    if dist.get_rank() == 0:
-        (args.out / "log_history.json").write_text(json.dumps(trainer.state.log_history))
-    trainer.accelerator.end_training()  # destroys the process group: exiting with it alive can abort a rank
+    dist.destroy_process_group()  # exiting with it alive can abort a rank
 
 
 if __name__ == "__main__":
