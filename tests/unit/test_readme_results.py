@@ -419,3 +419,16 @@ def test_the_flat_exchange_row_is_the_json():
         cells = f"| {run['final_eval_loss']:.3f} | {gap:+.2f} % | {bits:.3g} |"
         assert sum(line.startswith(f"| {nodes} × {procs} | `replicator=\"leader\"`") and line.endswith(cells)
                    for line in PAGE.splitlines()) == 1, key
+
+
+def test_the_shared_positions_probe_is_the_json():
+    """"Received bytes flat in the number of nodes": replicator="random" on the quick preset, its gap against the
+    committed quick run's AdamW."""
+    probe, quick = result("convergence_quick_random"), result("convergence_quick")
+    loss, adamw = probe["methods"]["flexdemo"]["final_eval_loss"], quick["methods"]["adamw"]["final_eval_loss"]
+    assert probe["methods"]["flexdemo"]["flexdemo_config"]["replicator"] == "random" and not probe["git_dirty"]
+    assert f"at commit {probe['git_commit'][:7]} from a clean tree" in PROSE
+    assert f"at **{loss:.3f}**, against the defaults' {quick['methods']['flexdemo']['final_eval_loss']:.3f}" in PROSE
+    assert f"AdamW's {adamw:.3f}" in PROSE
+    assert f"+{100 * (loss / adamw - 1):.2f} % where the defaults' own top-k is " \
+           f"+{quick['final_eval_loss_gap_vs_adamw_pct']['flexdemo']:.2f} %" in PROSE
