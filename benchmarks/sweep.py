@@ -252,6 +252,9 @@ GRIDS: dict[str, dict[str, Any]] = {
             # the defaults fall behind as the learning rate decays (+0.0 % at step 1,000, +3.0 % at 2,000): does error
             # feedback that forgets (SparseLoCo's 0.95 per exchange) stop stale residuals crossing late in the run?
             _run("flexdemo", 3e-3, feedback_decay=0.95),
+            # ... or is each node's step on half the batch shorter than one on the whole (as at 8 nodes, where a larger
+            # outer step recovered most of the gap)? sqrt(R), not sqrt(R / 2)
+            _run("flexdemo", 3e-3, outer_lr=1.41),
             _run("flexdemo", 3e-3, local_steps=16),
             _run("flexdemo", 3e-3, compression_rate=1 / 16),
             _run("flexdemo", 3e-3, local_steps=32),
