@@ -393,16 +393,19 @@ def test_the_compute_only_reference_run_is_the_json():
 
 
 def test_the_headline_node_scaling_gaps_are_the_json():
-    """The README's and the summary's 4- and 8-node gaps: the outer step of the default (sqrt(R / 2)) against
-    AdamW-HSDP on the same nodes."""
+    """The README's and the summary's 2-, 4- and 8-node gaps at 2,000 steps: the outer step of the default
+    (sqrt(R / 2)) against AdamW-HSDP on the same nodes."""
     runs = {**result("sweep_nodes")["runs"], **result("sweep_nodes_outer")["runs"]}
     gaps = []
     for nodes, procs, outer in ((4, 2, "1.41"), (8, 1, "2")):
         where = f"nodes={nodes} procs_per_node={procs} scaling=strong"
         flexdemo = runs[f"flexdemo lr=0.003 nodes={nodes} outer_lr={outer} procs_per_node={procs} scaling=strong"]
         gaps.append(100 * (flexdemo["final_eval_loss"] / runs[f"adamw lr=0.003 {where}"]["final_eval_loss"] - 1))
-    cell = f"| +{gaps[0]:.2f} % / +{gaps[1]:.2f} % | – |"
-    assert cell in PAGE and cell in (ROOT / "README.md").read_text()
+    cell = f"+{gaps[0]:.2f} % / +{gaps[1]:.2f} % | – |"
+    bits = result("sweep_bits")["runs"]
+    two = 100 * (bits["flexdemo lr=0.003"]["final_eval_loss"] / bits["adamw lr=0.003"]["final_eval_loss"] - 1)
+    assert f"| {cell}" in PAGE and f"| +{two:.2f} % | – |" in PAGE
+    assert f"| +{two:.2f} % / {cell}" in (ROOT / "README.md").read_text()
 
 
 def test_the_flat_exchange_row_is_the_json():
@@ -432,3 +435,23 @@ def test_the_shared_positions_probe_is_the_json():
     assert f"AdamW's {adamw:.3f}" in PROSE
     assert f"+{100 * (loss / adamw - 1):.2f} % where the defaults' own top-k is " \
            f"+{quick['final_eval_loss_gap_vs_adamw_pct']['flexdemo']:.2f} %" in PROSE
+
+
+def test_the_bits_at_two_nodes_table_is_the_json():
+    """"Bits at 2 nodes over 2,000 steps": every run of grid bits (and its outer-step run) is one row: its final loss,
+    its gap against the grid's AdamW-HSDP, and the bits per parameter and step a node sends."""
+    bits, outer = result("sweep_bits"), result("sweep_bits_outer")
+    adamw = bits["runs"]["adamw lr=0.003"]["final_eval_loss"]
+    lines = PAGE.splitlines()
+    for key, run in {**bits["runs"], **outer["runs"]}.items():
+        assert run["status"] == "ok", key
+        if run["method"] == "adamw":
+            cells = f"| {run['final_eval_loss']:.3f} | – | 16 (bf16) |"
+        else:
+            gap = 100 * (run["final_eval_loss"] / adamw - 1)
+            cells = f"| {run['final_eval_loss']:.3f} | {gap:+.2f} % | {run['bytes_sent']['bits_per_param_sent']:.3g} |"
+        assert sum(line.startswith(f"| `{key}` |") and line.endswith(cells) for line in lines) == 1, key
+    defaults = 100 * (bits["runs"]["flexdemo lr=0.003"]["final_eval_loss"] / adamw - 1)
+    assert f"**At 2,000 steps the defaults are +{defaults:.2f} %, over the 2 % bar" in PROSE
+    for data in (bits, outer):
+        assert not data["git_dirty"] and all(not i["git_dirty"] for i in data["invocations"])
