@@ -241,9 +241,10 @@ GRIDS: dict[str, dict[str, Any]] = {
         ],
     },
     # Bits at 2 nodes over 2,000 steps (2 x 2): AdamW-HSDP, the defaults (0.19 bits per parameter per step sent per
-    # node), and the ways to send half of that or less: rounds twice or four times as long (local_steps 16, 32; the
-    # bitmask and 2-bit values per round unchanged), or a sixteenth of each 32 x 32 block per round, whose positions
-    # pack as 10-bit indices (0.096 bits). Each gap against the AdamW-HSDP run of this grid.
+    # node), two probes of why the defaults fall behind late in the run, and the ways to send half of that or less:
+    # rounds twice or four times as long (local_steps 16, 32; the bitmask and 2-bit values per round unchanged), or a
+    # sixteenth of each 32 x 32 block per round, whose positions pack as 10-bit indices (0.096 bits). Each gap against
+    # the AdamW-HSDP run of this grid.
     "bits": {
         "argv": HORIZON,
         "runs": [
