@@ -110,7 +110,9 @@ class FlexDeMo(StateDictMixin, DriftChecking, Optimizer):
         for group in self.param_groups:
             self._check_group(group)
         self.replicate = ReplicateGroup(replicate_group)
-        if self.options["local_steps"] > 1:  # the outer step's default follows the nodes (step-wise: unread)
+        # the outer step's default follows the nodes, here and on a resume on other nodes (step-wise: unread)
+        self.outer_lr_follows_nodes = self.options["outer_lr"] is None
+        if self.options["local_steps"] > 1:
             self.options["outer_lr"] = knobs.resolve_outer_lr(self.options["outer_lr"], self.replicate.size)
         first = next(p for group in self.param_groups for p in group["params"])
         self.device = local_shard(first).device

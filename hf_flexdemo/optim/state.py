@@ -8,14 +8,18 @@ travel in the ``"flexdemo"`` entry, and the mode adds its own (:meth:`~hf_flexde
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
 
+from .. import knobs
 from ..knobs import OPTIMIZER_WIDE
 from ..wire.replicators import leader
 from . import local_steps
 from .exchange import HELD_KEYS, MOMENT_KEYS
+
+logger = logging.getLogger(__name__)
 
 # What stays float32 whatever the parameters' dtype (torch's load_state_dict casts state to it).
 FLOAT32_KEYS = ("delta", *MOMENT_KEYS, *HELD_KEYS, *local_steps.FLOAT32_KEYS, leader.SCALE)
@@ -36,7 +40,8 @@ class StateDictMixin:
             self.exchange.hold()
         state = super().state_dict()
         state["flexdemo"] = {"options": dict(self.options), "steps": self.steps, "skipped_steps": self.skipped_steps,
-                             "rate": self.exchange.rate, "pending": self.exchange.held}
+                             "rate": self.exchange.rate, "pending": self.exchange.held,
+                             "outer_lr_follows_nodes": self.outer_lr_follows_nodes}
         self.mode.save(state)
         return state
 
@@ -51,6 +56,7 @@ class StateDictMixin:
                              "from a checkpoint written by this version, or load the model weights alone.")
         super().load_state_dict(state_dict)
         self.options = {key: counters["options"][key] for key in OPTIMIZER_WIDE}
+        self._follow_nodes(counters.get("outer_lr_follows_nodes", False))
         params = [p for group in self.param_groups for p in group["params"]]
         for index, saved_state in state_dict["state"].items():
             for key in FLOAT32_KEYS:
@@ -63,6 +69,19 @@ class StateDictMixin:
         self._reset()  # on the loaded options and state
         self.exchange.restore_held(counters["pending"])
         self.mode.load(state_dict)
+
+    def _follow_nodes(self, follows: bool) -> None:
+        """A checkpoint whose outer step was the default (``outer_lr=None``) resolves it again on the nodes it resumes
+        on: ``sqrt(R / 2)`` of the new ``R``, where the saved value was the old ``R``'s. Checkpoints written before the
+        flag was saved keep their value."""
+        self.outer_lr_follows_nodes = follows
+        if not follows or self.options["local_steps"] == 1:
+            return
+        resolved = knobs.resolve_outer_lr(None, self.replicate.size)
+        if resolved != self.options["outer_lr"]:
+            logger.info("FlexDeMo: outer_lr follows the nodes: %g in the checkpoint, %g on %d node(s) now.",
+                        self.options["outer_lr"], resolved, self.replicate.size)
+        self.options["outer_lr"] = resolved
 
     def _refuse_in_flight(self, what: str) -> None:
         if self.options["overlap"] != "delayed":

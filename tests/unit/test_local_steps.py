@@ -4,6 +4,7 @@ and the low-bit wire values: what receivers decode is what the sender's error fe
 from __future__ import annotations
 
 import copy
+import logging
 import math
 
 import pytest
@@ -451,3 +452,19 @@ def test_the_outer_step_defaults_to_the_square_root_of_half_the_nodes(replicas, 
 def test_one_node_resolves_the_outer_step_and_records_it():
     opt = FlexDeMo(mlp().parameters(), compression=CompressionPolicy(replicator="none"))
     assert opt.options["outer_lr"] == 1.0 and opt.state_dict()["flexdemo"]["options"]["outer_lr"] == 1.0
+
+
+@pytest.mark.parametrize(("given", "loaded"), [(None, 1.0), (2.0, 2.0)])
+def test_a_resume_on_other_nodes_resolves_a_default_outer_step_again(given, loaded, caplog):
+    """A checkpoint written on 8 nodes at the default outer step (2 there) resumes here, on one node, at this
+    topology's 1; an outer step the user set travels with the checkpoint."""
+    saved = FlexDeMo(mlp().parameters(), outer=OuterPolicy(lr=given),
+                     compression=CompressionPolicy(replicator="none")).state_dict()
+    assert saved["flexdemo"]["outer_lr_follows_nodes"] is (given is None)
+    saved["flexdemo"]["options"]["outer_lr"] = knobs.resolve_outer_lr(given, 8)  # as written on 8 nodes
+    opt = FlexDeMo(mlp().parameters(), outer=OuterPolicy(lr=3.0), compression=CompressionPolicy(replicator="none"))
+    with caplog.at_level(logging.INFO, logger="hf_flexdemo"):
+        opt.load_state_dict(saved)
+    assert opt.options["outer_lr"] == loaded and opt.mode.lr == loaded
+    assert ("outer_lr follows the nodes: 2 in the checkpoint, 1 on 1 node(s) now" in caplog.text) is (given is None)
+    assert opt.state_dict()["flexdemo"]["outer_lr_follows_nodes"] is (given is None)

@@ -93,7 +93,8 @@ def test_state_is_lazy_and_per_parameter():
     assert set(state) == {0, 1}
     assert set(state[0]) == {"step", "delta", "grad_avg", "grad_avg_sq"}  # the defaults: AdamW's moments, then SGD
     saved = opt.state_dict()
-    assert saved["flexdemo"] == {"options": opt.options, "steps": 1, "skipped_steps": 0, "rate": None, "pending": None}
+    assert saved["flexdemo"] == {"options": opt.options, "steps": 1, "skipped_steps": 0, "rate": None, "pending": None,
+                                 "outer_lr_follows_nodes": True}
     # per-group knobs in the param groups, optimizer-wide ones once, in the options
     assert {"compression_rate", "compression_chunk"} <= set(saved["param_groups"][0])
     assert not {"replicator", "drift_check_every"} & set(saved["param_groups"][0])
