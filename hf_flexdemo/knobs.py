@@ -143,8 +143,9 @@ KNOBS: tuple[Knob, ...] = (
          accepted="an integer >= 1 (1: exchange every step)"),
     Knob("outer_lr", None, float | None, "The anchor moves by outer_lr times the replicas' mean pseudo-gradient. None "
          "(the default): sqrt(R / 2) on R nodes, at least 1 (1 at 2 nodes, 1.41 at 4, 2 at 8), resolved at "
-         "construction and again on a resume on other nodes: the mean of R AdamW updates, each on 1/R of the batch, is shorter than one update on their "
-         "mean.", modes=LOCAL, policy="outer", field="lr", ok=lambda v: v is None or (_number(v) and v > 0),
+         "construction and again on a resume on other nodes: the mean of R AdamW updates, each on 1/R of the "
+         "batch, is shorter than one update on their mean.", modes=LOCAL, policy="outer", field="lr",
+         ok=lambda v: v is None or (_number(v) and v > 0),
          accepted="None or a float > 0 (1.0: the anchor moves by the mean)"),
     Knob("outer_momentum", 0.0, float, "Nesterov momentum of that outer step (DiLoCo: outer_lr 0.7, 0.9); 0: plain "
          "averaging with error feedback (SparseLoCo).", modes=LOCAL, policy="outer", field="momentum",
