@@ -6,6 +6,8 @@ import without path tricks, so the launcher lives here, and it imports only the 
 
 * :func:`torchrun_command`: ``python -m torch.distributed.run ...`` for one agent: one node on a free local port,
   or node ``node_rank`` of ``nnodes`` with a static rendezvous at ``master_addr:master_port``.
+* :func:`elastic_torchrun_command`: one agent of an elastic job (``--nnodes MIN:MAX``, a c10d rendezvous, restarts);
+  :func:`kill_agent`: such a node dies (its workers and agent SIGKILLed).
 * :func:`cpu_env`: the ranks' environment: one OpenMP thread each (many ranks share a few cores), no GPU.
 * :func:`run_commands`: launchers side by side, each in its own session; at the timeout every process group left is
   stopped (SIGTERM, then SIGKILL), so no rank outlives its job; a :class:`Job` with exit codes and output.
@@ -29,7 +31,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Job", "cpu_env", "free_port", "run_commands", "run_local", "torchrun_command"]
+__all__ = ["Job", "cpu_env", "elastic_torchrun_command", "free_port", "kill_agent", "run_commands", "run_local",
+           "stop", "torchrun_command"]
 
 STATIC_PORT = 29500  # a static rendezvous's default port (torchrun's)
 _GRACE_S = 10.0  # between SIGTERM and SIGKILL
@@ -60,6 +63,39 @@ def torchrun_command(target: Sequence[str | Path], nproc_per_node: int, *, nnode
         master_port = master_port or STATIC_PORT
     command += ["--master_addr", master_addr, "--master_port", str(master_port or free_port(master_addr))]
     return [*command, *map(str, target)]
+
+
+def elastic_torchrun_command(target: Sequence[str | Path], nproc_per_node: int, *, nnodes: str, endpoint: str,
+                             run_id: str, max_restarts: int, host: bool | None = None, last_call_s: float = 30,
+                             monitor_s: float = 5, python: str = sys.executable) -> list[str]:
+    """``python -m torch.distributed.run`` for one agent of an elastic job: ``nnodes`` as ``"MIN:MAX"``, a c10d
+    rendezvous at ``endpoint`` (``host:port``) named ``run_id``, up to ``max_restarts`` restarts of its workers.
+
+    ``host``: whether this agent hosts the rendezvous store (``None``: the agent whose address is the endpoint's; on
+    one machine the first to bind it). The store lives as long as its agent, so the agent that hosts it must outlive
+    the others. ``last_call_s``: how long a rendezvous that has ``MIN`` nodes waits for more; ``monitor_s``: how often
+    an agent checks its workers and whether a node waits to join (which restarts the workers to let it in).
+    """
+    conf = f"last_call_timeout={last_call_s:g}" + ("" if host is None else f",is_host={int(host)}")
+    return [python, "-m", "torch.distributed.run", "--nnodes", nnodes, "--nproc_per_node", str(nproc_per_node),
+            "--rdzv_backend", "c10d", "--rdzv_endpoint", endpoint, "--rdzv_id", run_id, "--rdzv_conf", conf,
+            "--max_restarts", str(max_restarts), "--monitor_interval", f"{monitor_s:g}", *map(str, target)]
+
+
+def kill_agent(agent: subprocess.Popen) -> None:
+    """A node dies: SIGKILL the agent's workers (torchrun starts each in a session of its own, so they are found as
+    the agent's children, Linux's ``/proc``), then the agent's own session; wait for the agent."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):  # the process ended meanwhile
+            continue
+        if parent == agent.pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(stat.parent.name), signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(agent.pid, signal.SIGKILL)
+    agent.wait()
 
 
 def cpu_env(env: Mapping[str, str] | None = None, **extra: str) -> dict[str, str]:
@@ -93,7 +129,7 @@ class Job:
         return "\n".join(lines)
 
 
-def _stop(processes: Sequence[subprocess.Popen]) -> None:
+def stop(processes: Sequence[subprocess.Popen]) -> None:
     """SIGTERM each launcher's process group, then SIGKILL what is left after a grace period."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         alive = [p for p in processes if p.poll() is None]
@@ -136,7 +172,7 @@ def run_commands(commands: Sequence[Sequence[str]], timeout_s: float, *,
                 time.sleep(0.1)
         finally:
             timed_out = any(p.poll() is None for p in processes)
-            _stop(processes)
+            stop(processes)
         seconds = time.monotonic() - start
 
         def read(handles: Sequence) -> list[str]:

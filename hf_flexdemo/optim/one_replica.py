@@ -18,6 +18,8 @@ from . import guards
 from .mode import Mode
 from .plan import Bucket, Stack, local_shard
 
+ADAMW_KEYS = ("step", "exp_avg", "exp_avg_sq")
+
 
 def adamw_state(state: dict[str, Any], p: Tensor, group: dict[str, Any] | None = None) -> dict[str, Any]:
     """``state`` with torch's AdamW moments for ``p`` added where missing (``group``: unused, the plan's state
@@ -53,6 +55,16 @@ class OneReplica(Mode):
 
     def new_state(self, state: dict[str, Any], p: Tensor, group: dict[str, Any]) -> dict[str, Any]:
         return adamw_state(state, p)
+
+    def load(self, state_dict: dict[str, Any]) -> None:
+        """Keep AdamW's state only: what a checkpoint of several nodes adds (local steps' anchor and error feedback, a
+        mid-round local shard, a streamed exchange held until it lands) would go stale here, untouched while this
+        node trains, and a later resume on several nodes would restart the replicas from that stale anchor instead
+        of the weights trained here, or land an exchange whose state is gone."""
+        for state in self.optimizer.state.values():
+            for key in [key for key in state if key not in ADAMW_KEYS]:
+                del state[key]
+        self.optimizer.exchange.restore_held(None)
 
     def step(self, plan: list[Bucket]) -> None:
         opt = self.optimizer

@@ -32,7 +32,8 @@ TOPOLOGY_KEYS = ("world_size", "shard_size", "replicate_size")
 SETUP_KEYS = (*TOPOLOGY_KEYS, "method")  # what must match for an exact resume
 
 
-def _atomic_write(path: Path, write) -> None:
+def atomic_write(path: Path, write) -> None:
+    """``write(tmp)`` then rename ``tmp`` to ``path``: readers see the old file or the whole new one."""
     tmp = path.with_name(path.name + ".tmp")
     write(tmp)
     os.replace(tmp, path)
@@ -46,7 +47,7 @@ def save_optimizer(optimizer: FlexDeMo, checkpoint: str | os.PathLike, rank: int
     """Write this rank's optimizer state to ``checkpoint/flexdemo_optimizer/rank{rank}.pt``."""
     Path(checkpoint, OPTIMIZER_DIR).mkdir(parents=True, exist_ok=True)
     state = optimizer.state_dict()
-    _atomic_write(Path(checkpoint, rank_file(rank)), lambda p: torch.save(state, p))
+    atomic_write(Path(checkpoint, rank_file(rank)), lambda p: torch.save(state, p))
 
 
 def describe_state(optimizer: FlexDeMo, world_size: int) -> dict[str, Any]:
@@ -68,7 +69,13 @@ def load_optimizer(optimizer: FlexDeMo, checkpoint: str | os.PathLike, rank: int
 
 def write_topology(checkpoint: str | os.PathLike, record: dict[str, Any]) -> None:
     path = Path(checkpoint, TOPOLOGY_FILE)
-    _atomic_write(path, lambda p: p.write_text(json.dumps(record, indent=2, sort_keys=True)))
+    atomic_write(path, lambda p: p.write_text(json.dumps(record, indent=2, sort_keys=True)))
+
+
+def read_topology(checkpoint: str | os.PathLike) -> dict[str, Any] | None:
+    """The topology record of ``checkpoint`` (``None``: written without FlexDeMo state, method="adamw")."""
+    path = Path(checkpoint, TOPOLOGY_FILE)
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def load_resharded(optimizer: FlexDeMo, checkpoint: str | os.PathLike, rank: int, shard_size: int,
@@ -133,11 +140,16 @@ def check_resumable(checkpoint: str | os.PathLike, record: dict[str, Any],
 
 def mark_complete(checkpoint: str | os.PathLike, step: int) -> None:
     """Record that every rank finished writing ``checkpoint`` (call after a barrier, on one rank)."""
-    _atomic_write(Path(checkpoint, COMPLETE_FILE), lambda p: p.write_text(json.dumps({"global_step": step})))
+    atomic_write(Path(checkpoint, COMPLETE_FILE), lambda p: p.write_text(json.dumps({"global_step": step})))
 
 
 def is_complete(checkpoint: str | os.PathLike) -> bool:
     return Path(checkpoint, COMPLETE_FILE).is_file()
+
+
+def checkpoint_step(checkpoint: str | os.PathLike) -> int:
+    """The global step a complete ``checkpoint`` was written at."""
+    return int(json.loads(Path(checkpoint, COMPLETE_FILE).read_text())["global_step"])
 
 
 def last_complete_checkpoint(output_dir: str | os.PathLike) -> str | None:

@@ -3,7 +3,8 @@
 ``Trainer`` saves one optimizer state for all ranks; FlexDeMo's differs per node, so each rank writes its own, with the
 topology and, once every rank is done, a completion marker (:mod:`hf_flexdemo.trainer.checkpoint`); rotation waits
 for that marker. A resume picks the last *complete* checkpoint for ``True``/``"last"``, is checked against the
-topology before any step, and crosses the FSDP2 / plain-replica boundary (one process per node) for the weights.
+topology before any step, and crosses the FSDP2 / plain-replica boundary (one process per node) for the weights;
+with ``FlexDeMoConfig.elastic`` a plain ``train()`` resumes too (:mod:`hf_flexdemo.trainer.elastic`).
 A mixin of :class:`~hf_flexdemo.trainer.trainer.FlexDeMoTrainer`, on the trainer's own attributes.
 """
 
@@ -22,7 +23,7 @@ from transformers.trainer import SCHEDULER_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from transformers.utils import SAFE_WEIGHTS_NAME
 
-from . import checkpoint
+from . import checkpoint, elastic
 
 
 class CheckpointHooks:
@@ -32,13 +33,20 @@ class CheckpointHooks:
         return {**self.topology.as_dict(), "method": self.flexdemo_config.method}
 
     def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, **kwargs: Any):
-        """As ``Trainer.train``; ``True``/``"last"`` resumes from the last *complete* checkpoint."""
-        if resume_from_checkpoint is True or resume_from_checkpoint == "last":
+        """As ``Trainer.train``; ``True``/``"last"`` resumes from the last *complete* checkpoint, and so does ``None``
+        with ``FlexDeMoConfig.elastic`` (from scratch where there is none: an elastic launcher's first start)."""
+        auto = resume_from_checkpoint is None and self.flexdemo_config.elastic
+        if auto or resume_from_checkpoint is True or resume_from_checkpoint == "last":
             resume_from_checkpoint = checkpoint.last_complete_checkpoint(self.args.output_dir)
-            if resume_from_checkpoint is None:
+            if resume_from_checkpoint is None and not auto:
                 raise ValueError(f"No complete checkpoint to resume from in {self.args.output_dir}.")
         self._reshard = isinstance(resume_from_checkpoint, str) and checkpoint.check_resumable(
             resume_from_checkpoint, self._setup_record(), self.flexdemo_config.resume_policy)
+        if isinstance(resume_from_checkpoint, str):
+            self.topology_changes, change = elastic.resume_record(
+                resume_from_checkpoint, self._setup_record(), self.flexdemo_config.resume_policy, self.args.output_dir)
+            if self.is_world_process_zero():
+                elastic.log_resume(resume_from_checkpoint, change, self.args.output_dir)
         return super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs)
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: torch.nn.Module | None = None) -> None:
@@ -84,7 +92,8 @@ class CheckpointHooks:
         checkpoint.save_optimizer(optimizer, output_dir, self.args.process_index)
         if self.args.should_save:
             checkpoint.write_topology(output_dir, {**self._setup_record(),
-                                                   **checkpoint.describe_state(optimizer, self.topology.world_size)})
+                                                   **checkpoint.describe_state(optimizer, self.topology.world_size),
+                                                   elastic.CHANGES_KEY: elastic.as_records(self.topology_changes)})
             torch.save(self.lr_scheduler.state_dict(), os.path.join(output_dir, SCHEDULER_NAME))
 
     def _load_optimizer_and_scheduler(self, checkpoint_dir: str | None) -> None:

@@ -28,6 +28,12 @@ RESUME_POLICY_HELP = (
     "policy. None (the default): refuse a topology change, since it cannot resume exactly (per-node momentum is "
     "merged or dropped, and the global batch changes with the world size); a wrong launch would otherwise continue "
     "as a different run without a word. The same topology always resumes exactly.")
+ELASTIC_HELP = (
+    "For an elastic launcher that restarts the script after a node fails or joins (torchrun --nnodes MIN:MAX "
+    "--max-restarts K --rdzv-backend c10d; docs/multi-node.md): train() without resume_from_checkpoint resumes from "
+    "the last complete checkpoint in output_dir (from scratch where there is none), on the topology it now has, "
+    "under resume_policy ('average' unless set); each restart logs the steps it lost and the topology change, and "
+    "the model card lists them. Save checkpoints often (save_steps): a restart resumes from the last one.")
 # The knobs Trainer's own arguments set (--learning_rate, --weight_decay, --adam_beta1/2, --adam_epsilon).
 FROM_TRAINING_ARGUMENTS = ("lr", "weight_decay", "betas", "eps")
 KNOB_FIELDS: tuple[str, ...] = tuple(knob.name for knob in knobs.KNOBS if knob.name not in FROM_TRAINING_ARGUMENTS)
@@ -47,6 +53,7 @@ _SETUP_AFTER = [
         "help": "method='adamw' only: dtype of FSDP2's gradient reduce-scatter and cross-node all-reduce "
                 "(MixedPrecisionPolicy.reduce_dtype; float32 as torchtitan, bfloat16 halves the bytes)."})),
     ("resume_policy", ResumePolicy | None, field(default=None, metadata={"help": RESUME_POLICY_HELP})),
+    ("elastic", bool, field(default=False, metadata={"help": ELASTIC_HELP})),
 ]
 
 
@@ -65,6 +72,14 @@ def _post_init(self: Any) -> None:
         raise ValueError(f"FlexDeMoConfig: reduce_dtype={self.reduce_dtype!r} with method={self.method!r}; accepted: "
                          "reduce_dtype='float32' unless method='adamw' (it sets the AdamW-HSDP baseline's gradient "
                          "reduction; FlexDeMo's exchange has its own wire type, value_dtype).")
+    if self.elastic not in (True, False):
+        raise ValueError(f"FlexDeMoConfig: invalid elastic={self.elastic!r}; accepted: True | False.")
+    if self.elastic and self.method == "adamw":
+        raise ValueError("FlexDeMoConfig: elastic=True with method='adamw'; accepted: method='flexdemo' | 'demo' "
+                         "(their checkpoints record the topology and reshard onto another), or elastic=False for the "
+                         "AdamW-HSDP baseline, which resumes through Trainer on the topology it was saved on.")
+    if self.elastic and self.resume_policy is None:
+        self.resume_policy = "average"  # a restart may come back on fewer or more nodes
     if self.method == "adamw":
         moved = {key: value for key, value in self.optimizer_kwargs().items() if value != knobs.DEFAULTS[key]}
         if self.flexdemo_preset != "default":

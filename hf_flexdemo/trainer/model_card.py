@@ -30,6 +30,7 @@ from transformers.training_args import OptimizerNames, TrainingArguments
 from .. import knobs
 from ..optim.local_steps import LocalSteps
 from .config import FlexDeMoConfig
+from .elastic import TopologyChange
 from .topology import Topology
 
 if TYPE_CHECKING:
@@ -125,6 +126,8 @@ def knobs_in_force(config: FlexDeMoConfig, topology: Topology, optimizer: FlexDe
         shown |= {key: value for key, value in config.optimizer_kwargs().items()
                   if key not in shown and value != default[key]}
     shown |= {key: getattr(config, key) for key in ("shard_size", "resume_policy") if getattr(config, key) is not None}
+    if config.elastic:
+        shown["elastic"] = True
     return shown
 
 
@@ -180,15 +183,23 @@ def traffic_lines(config: FlexDeMoConfig, topology: Topology, total_bytes_sent: 
     return lines
 
 
+def topology_lines(topology: Topology, changes: Sequence[TopologyChange] = ()) -> list[str]:
+    """The topology the run ended on, and each change on the way (a resume on another topology)."""
+    lines = [f"- topology: {topology.replicate_size} node(s) x {topology.shard_size} process(es) per node"
+             + (f", after {len(changes)} change(s):" if changes else "")]
+    return lines + [f"  - at {change.describe()}" for change in changes]
+
+
 def flexdemo_section(config: FlexDeMoConfig, topology: Topology, optimizer: FlexDeMo | None = None, *,
                      total_bytes_sent: float = 0.0, steps: int = 0, parameters: int = 0,
-                     log_history: Sequence[Mapping[str, Any]] = ()) -> str:
-    """The card's "FlexDeMo training" section: the package, the topology, the mode, the knobs in force
-    (:func:`knobs_in_force`) and the traffic (:func:`traffic_lines`); ``optimizer``: the run's, once created."""
+                     log_history: Sequence[Mapping[str, Any]] = (), changes: Sequence[TopologyChange] = ()) -> str:
+    """The card's "FlexDeMo training" section: the package, the topology (and its ``changes`` during the run), the
+    mode, the knobs in force (:func:`knobs_in_force`) and the traffic (:func:`traffic_lines`); ``optimizer``: the
+    run's, once created."""
     lines = ["", "## FlexDeMo training", "",
              f"Trained with [{PACKAGE}]({package_url()}), the FlexDeMo optimizer on FSDP2 for the Hugging Face "
              f"Trainer (method: [FlexDeMo]({METHOD_URL})).", "",
-             f"- topology: {topology.replicate_size} node(s) x {topology.shard_size} process(es) per node",
+             *topology_lines(topology, changes),
              _mode_line(config, topology, optimizer),
              ("- knobs configured (on one node none of them ran: the optimizer was torch's AdamW):"
               if optimizer is not None and optimizer.adamw_only else
@@ -276,7 +287,7 @@ def write_model_card(
     parameters = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)  # DTensors: the full shape
     section = flexdemo_section(config, topology, optimizer, total_bytes_sent=trainer.comm_metrics.total_bytes_sent,
                                steps=trainer.state.global_step, parameters=parameters,
-                               log_history=trainer.state.log_history)
+                               log_history=trainer.state.log_history, changes=trainer.topology_changes)
     path.write_text(summary.to_model_card() + section, encoding="utf-8")
     if peft:
         trainer.accelerator.unwrap_model(trainer.model).create_or_update_model_card(trainer.args.output_dir)

@@ -11,7 +11,8 @@ What it changes in ``Trainer``, and why:
 * checkpoints (:mod:`hf_flexdemo.trainer.checkpoint_hooks`): per-rank optimizer state, the topology, a completion
   marker (:mod:`hf_flexdemo.trainer.checkpoint`); a resume on another topology under
   ``FlexDeMoConfig.resume_policy`` (:mod:`hf_flexdemo.optim.reshard`), the model's weights included across the FSDP2
-  / plain-replica boundary (one process per node);
+  / plain-replica boundary (one process per node); with ``FlexDeMoConfig.elastic``, a restarted script's ``train()``
+  resumes from the last complete checkpoint on the topology it now has (:mod:`hf_flexdemo.trainer.elastic`);
 * logs: ``flexdemo/*`` traffic metrics (:mod:`hf_flexdemo.trainer.comm_metrics`), the replicas' measured drift
   (the bounded drift check); the model card (:mod:`hf_flexdemo.trainer.model_card`).
 """
@@ -47,6 +48,7 @@ from .comm_metrics import CommMetricsCallback, unwrap_optimizer
 from .config import FlexDeMoConfig
 from .consensus import ConsensusModel
 from .cpu_fsdp import enable_fsdp_on_cpu
+from .elastic import ProgressCallback, TopologyChange
 from .model_card import training_mode
 from .topology import Topology, parallelism_config
 
@@ -111,6 +113,9 @@ def describe_setup(config: FlexDeMoConfig, topology: Topology, source: str) -> s
         alone = "one process" if per_node == 1 else f"FSDP2 over the node's {per_node} processes"
         if config.method != "flexdemo" or per_node == 1:
             return head + f"{alone}; nothing crosses nodes."
+        if config.elastic:
+            return head + (f"{alone}; nothing crosses nodes until another node joins, at the elastic launcher's next "
+                           "restart (elastic=True).")
         return head + (f"{alone}; nothing crosses nodes (flexdemo/bytes_sent stays 0): FlexDeMo has no other node "
                        "to exchange with. To train across nodes, launch on each of them (torchrun --nnodes N "
                        "--nproc_per_node P, or an accelerate YAML with parallelism_config_dp_replicate_size: N).")
@@ -157,8 +162,11 @@ class FlexDeMoTrainer(ConsensusModel, CheckpointHooks, Trainer):
         if self.is_fsdp_enabled:
             self._shard_model()
         self.add_callback(CommMetricsCallback())  # read through the comm_metrics property
+        if self.flexdemo_config.elastic:
+            self.add_callback(ProgressCallback())
         self._log_setup()
         self._reshard = False  # set by train(): the checkpoint resumed was written on another topology
+        self.topology_changes: list[TopologyChange] = []  # the run's, set by train() from the checkpoint resumed
         # weights loaded into the model (the best checkpoint, a user's load_state_dict) become the consensus
         self.model.register_load_state_dict_post_hook(self._adopt_loaded_weights)
 
@@ -278,7 +286,8 @@ class FlexDeMoTrainer(ConsensusModel, CheckpointHooks, Trainer):
         else:
             source = "no launcher variable: one node"
         message = describe_setup(config, topology, source)
-        alone = config.method == "flexdemo" and topology.replicate_size == 1 and topology.world_size > 1
+        alone = (config.method == "flexdemo" and topology.replicate_size == 1 and topology.world_size > 1
+                 and not config.elastic)  # an elastic run on one node waits for another to join
         (logger.warning if alone else logger.info)(message)
 
     def replicate_group(self) -> dist.ProcessGroup | None:

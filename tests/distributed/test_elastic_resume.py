@@ -4,7 +4,7 @@ processes per node) resumed on another of them under each applicable ``resume_po
 Three launches, several trainer runs each (``elastic_worker``): the 1 x 2 and 2 x 1 sources; the 2 x 2 source and
 the resumes onto 2 x 2; the resumes from 2 x 2 onto 1 x 2 and 2 x 1. Each source trains 20 steps with a checkpoint
 at step 10; each resume trains steps 11-20 (``update="adamw"``: replicated moments beside per-node ones). Local
-steps too: 2 x 2 -> 1 x 2 from a checkpoint in the middle of a round."""
+steps too: 2 x 2 -> 2 x 1 and -> 1 x 2 from a checkpoint in the middle of a round."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def elastic(tmp_path_factory) -> tuple[Path, dict]:
              *(_resume("1x2", "2x2", p, runs) for p in ("average", "reset")),
              *(_resume("2x1", "2x2", p, runs) for p in ("average", "reset", "keep"))]),
         (2, [_resume("2x2", "1x2", None, runs), *(_resume("2x2", "1x2", p, runs) for p in ("average", "reset")),
-             _resume("2x2", "1x2", "average", runs, local_steps=4),
+             *(_resume("2x2", new, "average", runs, local_steps=4) for new in ("1x2", "2x1")),
              *(_resume("2x2", "2x1", p, runs) for p in ("average", "reset", "keep"))]),
     ]
     results: dict = {}
@@ -127,13 +127,13 @@ def test_resume_on_another_topology_without_a_policy_is_refused_before_any_step(
         assert "resume_policy=None" in result["error"] and "'average' | 'reset' to reshard" in result["error"]
 
 
-def test_local_steps_resume_on_fewer_nodes_mid_round(elastic):
-    """local_steps=4, saved at step 10 (mid-round) on 2 x 2, resumed on 1 x 2 under average: the parameters are the
+def test_local_steps_resume_on_other_processes_mid_round(elastic):
+    """local_steps=4, saved at step 10 (mid-round) on 2 x 2, resumed on 2 x 1 under average: the parameters are the
     checkpoint's weights, which are the anchor; the anchor reshards exactly; the error feedback and the inner
-    AdamW's moments are the old nodes' mean; the new replica's local values restart from the anchor; the exchange in
+    AdamW's moments are the old nodes' mean; the new replicas' local values restart from the anchor; the exchange in
     flight (one fragment's) carries over: its consensus exactly, its held error feedback as the nodes' mean."""
     runs, results = elastic
-    result, checkpoint = results["2x2_local_to_1x2_average"], runs / "src_2x2_local" / "checkpoint-10"
+    result, checkpoint = results["2x2_local_to_2x1_average"], runs / "src_2x2_local" / "checkpoint-10"
     weights = safetensors.torch.load_file(checkpoint / "model.safetensors")
     for name, value in result["params_at_start"].items():
         assert torch.equal(value, weights[name]), name
@@ -143,7 +143,7 @@ def test_local_steps_resume_on_fewer_nodes_mid_round(elastic):
         pending = ("pending_delta", "pending_update") if "pending_delta" in result["state_at_start"][index] else ()
         in_flight += bool(pending)
         for key in ("anchor", "local", "delta", "exp_avg", "exp_avg_sq", *pending):
-            new_nodes = assemble([r["state_at_start"][index][key] for r in result["ranks"]], SHARD["1x2"])
+            new_nodes = assemble([r["state_at_start"][index][key] for r in result["ranks"]], SHARD["2x1"])
             if key in ("delta", "exp_avg", "exp_avg_sq"):
                 want = torch.stack(_old_state(checkpoint, key, index)).mean(0)
             elif key == "pending_delta":  # each node's held error feedback relative to its local shard, averaged,
@@ -154,8 +154,27 @@ def test_local_steps_resume_on_fewer_nodes_mid_round(elastic):
                 want = _old_state(checkpoint, key, index)[0]
             else:
                 want = anchor.to(new_nodes[0].dtype)
-            assert torch.equal(new_nodes[0], want), (index, key)
+            assert all(torch.equal(node, want) for node in new_nodes), (index, key)
     assert in_flight  # the defaults stream in 4 fragments: at step 10 one fragment's exchange is in flight
+    losses = _losses(result)
+    assert sorted(losses) == list(range(1, 21))
+    assert sum(losses[s] for s in range(16, 21)) < sum(losses[s] for s in range(6, 11))  # training continues
+
+
+def test_local_steps_resume_on_one_node_keeps_adamw_state_only(elastic):
+    """The same checkpoint resumed on 1 x 2: one node trains as AdamW, so it starts from the checkpoint's weights with
+    the inner AdamW's moments (the old nodes' mean) and nothing else: no anchor, error feedback or exchange in
+    flight that would go stale there and come back at the next resume on several nodes."""
+    runs, results = elastic
+    result, checkpoint = results["2x2_local_to_1x2_average"], runs / "src_2x2_local" / "checkpoint-10"
+    weights = safetensors.torch.load_file(checkpoint / "model.safetensors")
+    for name, value in result["params_at_start"].items():
+        assert torch.equal(value, weights[name]), name
+    for index, state in result["state_at_start"].items():
+        assert set(state) == {"step", "exp_avg", "exp_avg_sq"}, index
+        for key in ("exp_avg", "exp_avg_sq"):
+            new_nodes = assemble([r["state_at_start"][index][key] for r in result["ranks"]], SHARD["1x2"])
+            assert torch.equal(new_nodes[0], torch.stack(_old_state(checkpoint, key, index)).mean(0)), (index, key)
     losses = _losses(result)
     assert sorted(losses) == list(range(1, 21))
     assert sum(losses[s] for s in range(16, 21)) < sum(losses[s] for s in range(6, 11))  # training continues

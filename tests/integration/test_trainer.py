@@ -43,11 +43,19 @@ def test_overlap_in_backward_refuses_gradient_clipping_it_would_skip(tmp_path):
      ({"reduce_dtype": "bfloat16"}, "reduce_dtype='bfloat16' with method='flexdemo'; accepted: reduce_dtype='float32' "
                                     "unless method='adamw'"),
      ({"method": "demo", "reduce_dtype": "bfloat16"}, "reduce_dtype='bfloat16' with method='demo'"),
-     ({"resume_policy": "mean"}, "resume_policy='mean'; accepted: None | average | reset | keep")],
+     ({"resume_policy": "mean"}, "resume_policy='mean'; accepted: None | average | reset | keep"),
+     ({"elastic": "yes"}, "elastic='yes'; accepted: True | False"),
+     ({"elastic": True, "method": "adamw"}, "elastic=True with method='adamw'; accepted: method='flexdemo' | 'demo'")],
 )
 def test_config_validates_every_knob(kwargs, message):
     with pytest.raises(ValueError, match=message):
         FlexDeMoConfig(**kwargs)
+
+
+def test_an_elastic_run_reshards_by_averaging_unless_told_otherwise():
+    assert FlexDeMoConfig(elastic=True).resume_policy == "average"
+    assert FlexDeMoConfig(elastic=True, resume_policy="reset").resume_policy == "reset"
+    assert FlexDeMoConfig().resume_policy is None
 
 
 def test_reduce_dtype_is_the_adamw_baselines_and_not_an_optimizer_knob():

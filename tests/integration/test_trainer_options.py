@@ -157,6 +157,8 @@ def test_the_setup_is_logged_once_and_one_node_of_several_processes_is_a_warning
         assert ("FlexDeMo: 1 node(s) x 4 process(es) (LOCAL_WORLD_SIZE=4)" in captured.out) == shown
     assert "nothing crosses nodes (flexdemo/bytes_sent stays 0)" in describe_setup(
         FlexDeMoConfig(), Topology(4, 4), "LOCAL_WORLD_SIZE=4")
+    assert describe_setup(FlexDeMoConfig(elastic=True), Topology(2, 2), "LOCAL_WORLD_SIZE=2").endswith(
+        "nothing crosses nodes until another node joins, at the elastic launcher's next restart (elastic=True).")
     assert describe_setup(FlexDeMoConfig(), Topology(4, 2), "shard_size=2").startswith(
         "FlexDeMo: 2 node(s) x 2 process(es) (shard_size=2), method='flexdemo': FSDP2 inside each node, FlexDeMo "
         "between nodes (local steps: 8 AdamW steps per node")

@@ -468,3 +468,26 @@ def test_a_resume_on_other_nodes_resolves_a_default_outer_step_again(given, load
     assert opt.options["outer_lr"] == loaded and opt.mode.lr == loaded
     assert ("outer_lr follows the nodes: 2 in the checkpoint, 1 on 1 node(s) now" in caplog.text) is (given is None)
     assert opt.state_dict()["flexdemo"]["outer_lr_follows_nodes"] is (given is None)
+
+
+def test_one_node_keeps_only_adamw_state_from_a_checkpoint_of_several():
+    """A checkpoint of several nodes resumed on one (an elastic run that lost a node): that node trains as AdamW, so
+    the anchor, error feedback and mid-round local shard are dropped on load; kept, they would go stale while it
+    trains and come back as the starting point of the next resume on several nodes (a streamed exchange held in
+    the checkpoint too: landed there, it would find its state gone)."""
+    model = mlp()
+    opt = FlexDeMo(model.parameters())
+    model(torch.randn(8, 16)).square().mean().backward()
+    opt.step()
+    saved = opt.state_dict()
+    for state in saved["state"].values():
+        state |= {"anchor": torch.zeros_like(state["exp_avg"]), "delta": torch.ones_like(state["exp_avg"]),
+                  local_steps.LOCAL_KEY: torch.ones_like(state["exp_avg"]),
+                  "pending_delta": torch.ones_like(state["exp_avg"])}
+    saved["flexdemo"]["pending"] = {"skip": False, "own_nonfinite": False, "lrs": [1.0], "step": 0}
+    resumed = FlexDeMo(model.parameters())
+    resumed.load_state_dict(saved)
+    assert all(set(state) == {"step", "exp_avg", "exp_avg_sq"} for state in resumed.state.values())
+    again = resumed.state_dict()
+    assert all(set(state) == {"step", "exp_avg", "exp_avg_sq"} for state in again["state"].values())
+    assert resumed.exchange.held is None and again["flexdemo"]["pending"] is None
