@@ -384,6 +384,53 @@ def test_the_node_scaling_table_is_the_json():
         assert sum(line.startswith(f"| {nodes} × {procs} |") and line.endswith(cells) for line in lines) == 1, key
 
 
+def test_the_weak_scaling_table_and_its_reading_are_the_json():
+    """"Weak scaling": every run of grid nodes_weak is one row (its global batch, final and best loss, gap against
+    AdamW-HSDP on the same nodes, bits), and the analysis quotes the 8-node runs' curves and training losses."""
+    runs = result("sweep_nodes_weak")["runs"]
+    placement = ("nodes", "procs_per_node", "scaling")
+
+    def where(run: dict) -> tuple[int, int]:
+        return run["knobs"]["nodes"], run["knobs"]["procs_per_node"]
+
+    adamw = {where(r): r for r in runs.values() if r["method"] == "adamw"}
+    for key, run in runs.items():
+        assert run["status"] == "ok" and run["knobs"]["scaling"] == "weak", key
+        nodes, procs = where(run)
+        batch = run["training_args"]["per_device_train_batch_size"] * nodes * procs
+        cells = f"| {run['final_eval_loss']:.3f} | {run['best_eval_loss']:.3f} |"
+        if run["method"] == "adamw":
+            label, cells = "AdamW-HSDP (fp32 reduce)", f"{cells} – | – |"
+        else:
+            knobs = {k: v for k, v in run["knobs"].items() if k not in placement}
+            label = ", ".join(f"`{k}={v:g}`" for k, v in knobs.items()) or "the defaults"
+            gap = 100 * (run["final_eval_loss"] / adamw[(nodes, procs)]["final_eval_loss"] - 1)
+            bits = 32 * (nodes - 1) / nodes / run["bytes_sent"]["compression_ratio_vs_dense_bf16"]
+            cells = f"{cells} {gap:+.2f} % | {bits:.3g} |"
+        assert f"| {nodes} × {procs} | {batch} | {label} {cells}" in PAGE.splitlines(), key
+    at8 = {r["method"] + str(r["knobs"].get("outer_lr", "")): r for r in runs.values() if r["knobs"]["nodes"] == 8}
+    defaults, base, outer1 = at8["flexdemo"], at8["adamw"], at8["flexdemo1.0"]
+
+    def gap(run: dict, field: str = "final_eval_loss") -> str:
+        return f"+{100 * (run[field] / base[field] - 1):.2f} %"
+
+    def tail(run: dict) -> float:
+        return sum(x["loss"] for x in run["train_loss_curve"] if x["step"] > 1800) / 4
+
+    def loss_at(run: dict, step: int) -> float:
+        return next(c["eval_loss"] for c in run["curve"] if c["step"] == step)
+
+    assert all(len([x for x in r["train_loss_curve"] if x["step"] > 1800]) == 4 for r in (defaults, base))
+    caught = next(c["step"] for c in defaults["curve"] if c["eval_loss"] <= loss_at(base, 800))
+    assert f"**At 8 nodes under weak scaling the defaults are {gap(defaults)}" in PROSE
+    assert f"one seed ([\"Weak scaling\"](#weak-scaling-each-node-keeps-its-batch)) | {gap(defaults)} | – |" in PAGE
+    assert f"keeping its 2-node batch (weak scaling) | {gap(defaults)} | – |" in (ROOT / "README.md").read_text()
+    assert f"is {tail(defaults):.3f} against AdamW's {tail(base):.3f})" in PROSE
+    assert f"validation loss of step 800 ({loss_at(base, 800):.3f}) only at step {caught:,}" in PROSE
+    assert f"(`outer_lr=1`: {gap(outer1)}; 2, the default at 8 nodes: {gap(defaults)})" in PROSE
+    assert f"best losses differ by as much ({gap(defaults, 'best_eval_loss')})" in PROSE
+
+
 def test_the_compute_only_reference_run_is_the_json():
     data = result("bandwidth_reference")
     at = {t["link_mbit"]: t["variants"]["flexdemo"] for t in data["targets"].values()}
