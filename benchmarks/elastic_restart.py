@@ -13,7 +13,8 @@ rendezvous on 127.0.0.1, ``FlexDeMoConfig(elastic=True)``, a checkpoint every ``
 A watcher reads the run's progress file (``hf_flexdemo.trainer.elastic.PROGRESS_FILE``, rewritten after every
 step with the main process's id) every 50 ms. A restart shows as a new process id: its downtime is the wall time
 from the last step before it to the first step after, its steps lost those done past the checkpoint resumed, and
-its cost the downtime plus the time to redo them at the median step. A checkpoint's stall is the wall time of the
+its cost the downtime plus the time to redo them at the median step (the downtime includes the resumed run's
+evaluation at its start, ``eval_on_start`` as every convergence run). A checkpoint's stall is the wall time of the
 steps right after one, less the median step's.
 
     python benchmarks/elastic_restart.py                                  # ~10 min on 2 idle cores
@@ -64,8 +65,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not args.kill_at < args.rejoin_at < args.max_steps:
         parser.error(f"need --kill_at < --rejoin_at < --max_steps; got {args.kill_at}, {args.rejoin_at}, "
                      f"{args.max_steps}")
-    args.convergence = convergence.parse_args(["--quick", f"--max_steps={args.max_steps}",
-                                               f"--eval_steps={args.eval_steps}", "--bleu_samples=0"])
+    args.convergence = convergence.parse_args(["--quick", f"--max_steps={args.max_steps}", "--bleu_samples=0",
+                                               f"--eval_steps={args.eval_steps}", f"--logging_steps={args.eval_steps}"])
     args.convergence.flexdemo = [*args.flexdemo, "elastic=True"]
     return args
 
@@ -131,25 +132,29 @@ def run(args: argparse.Namespace, scratch: Path, name: str, save_steps: int | No
     deadline = time.monotonic() + args.timeout_s
 
     def wait(ready) -> bool:
-        while not ready() and time.monotonic() < deadline and agents["a"].poll() is None:
+        """Until ``ready()``, the deadline, or an agent that was not killed exits."""
+        while not ready() and time.monotonic() < deadline and all(
+                a.poll() is None for n, a in agents.items() if n not in events.get("killed", ())):
             time.sleep(0.05)
         return ready()
 
     try:
         if faults and wait(lambda: watcher.reached(args.kill_at)):
             kill_agent(agents["b"])
-            events["killed_after_step"] = watcher.steps[-1][1]
-            # the survivor's own run: it resumed (a step at or below the kill's) and went on to --rejoin_at
+            events |= {"killed": ["b"], "killed_after_step": watcher.steps[-1][1]}
+            # the survivor's own run: it restarted and went on to --rejoin_at
             if wait(lambda: watcher.reached(args.rejoin_at, restarts=1)):
                 agents["c"] = agent(args, scratch, "c", name, endpoint, False, worker)
                 events["joined_after_step"] = watcher.steps[-1][1]
-        wait(lambda: all(a.poll() is not None for n, a in agents.items() if n != "b" or not faults))
+        alive = [a for n, a in agents.items() if n not in events.get("killed", ())]
+        while any(a.poll() is None for a in alive) and time.monotonic() < deadline:
+            time.sleep(0.05)
     finally:
         stop(list(agents.values()))
         watcher.done.set()
         watcher.join()
     codes = {n: a.returncode for n, a in agents.items()}
-    ok = out.exists() and all(c == 0 for n, c in codes.items() if n != "b" or not faults)
+    ok = out.exists() and all(c == 0 for n, c in codes.items() if n not in events.get("killed", ()))
     result: dict[str, Any] = {"status": "ok" if ok else "failed", "returncodes": codes, "events": events}
     if not ok:
         result["log_tails"] = {n: (scratch / f"{name}_{n}.log").read_text()[-6000:] for n in agents}
