@@ -435,6 +435,20 @@ def test_the_weak_scaling_table_and_its_reading_are_the_json():
     assert f"best losses differ by as much ({gap(defaults, base, 'best_eval_loss')})" in PROSE
 
 
+def test_the_fronts_are_the_json():
+    """"Loss against bits": each front's runs, by bits, with their gaps, as frontier.py wrote them."""
+    data = result("frontier")
+    points = {p["key"]: p for p in data["points"]}
+    assert len(points) == len(data["points"]) and not data["git_dirty"]
+    assert f"`frontier.png`, at commit {data['git_commit'][:7]} from a\nclean tree)" in PAGE
+    fronts = "; ".join(f"{curve}: " + ", ".join(f"{points[k]['bits_sent']:.3g} bits at {points[k]['gap_pct']:+.2f} %"
+                                                for k in sorted(keys, key=lambda k: points[k]["bits_sent"]))
+                       for curve, keys in data["fronts"].items())
+    assert f"The fronts (one seed each): {fronts}." in PROSE
+    fewest = min(p["bits_sent"] for p in data["points"])
+    assert f"lies {fewest / 0.0073:.1f} × below the fewest bits run here ({fewest:.3g}," in PROSE
+
+
 def test_the_compute_only_reference_run_is_the_json():
     data = result("bandwidth_reference")
     at = {t["link_mbit"]: t["variants"]["flexdemo"] for t in data["targets"].values()}
