@@ -449,6 +449,37 @@ def test_the_fronts_are_the_json():
     assert f"lies {fewest / 0.0073:.1f} × below the fewest bits run here ({fewest:.3g}," in PROSE
 
 
+def test_the_node_fault_costs_are_the_json():
+    """docs/faults.md, "A node that dies and comes back": the restarts' table (the watcher's steps lost equal the
+    trainer's own record), the loss and wall-clock cost against the job without faults, a checkpoint's stall."""
+    data, page = result("elastic_restart"), (ROOT / "docs" / "faults.md").read_text()
+    prose = " ".join(page.split())
+    runs, summary = data["runs"], data["summary"]
+    faults, straight, bare = runs["faults"], runs["straight"], runs["no_checkpoints"]
+    assert f"at commit {data['git_commit'][:7]} from a clean tree" in prose and not data["git_dirty"]
+    restarts, changes = faults["timeline"]["restarts"], faults["topology_changes"]
+    assert len(restarts) == 2 and [c["steps_lost"] for c in changes] == [r["steps_lost"] for r in restarts]
+    for name, restart, change in zip(("node B killed", "a node joins"), restarts, changes):
+        (a, b), (c, d) = change["saved"], change["now"]
+        assert (f"| {name} | {restart['last_step_before']} | checkpoint-{restart['resumed_from']} | {a} × {b} → "
+                f"{c} × {d} | {restart['steps_lost']} | {restart['downtime_s']:.1f} s | {restart['cost_s']:.1f} s |"
+                in page.splitlines())
+    assert f"the median step ({faults['timeline']['median_step_s']:.3f} s)" in prose
+    assert (f"took {summary['wall_clock_cost_s']:.1f} s longer than the same job without faults "
+            f"({faults['train_seconds']:.1f} s of training against {straight['train_seconds']:.1f} s)") in prose
+    loss = summary["final_eval_loss"]
+    assert (f"is {loss['faults']:.3f} against {loss['straight']:.3f}, "
+            f"+{summary['faults_gap_pct_vs_straight']:.2f} %") in prose
+    assert loss["straight"] == loss["no_checkpoints"]
+    stall, step = straight["timeline"]["checkpoint_stall_s"], straight["timeline"]["median_step_s"]
+    assert f"**A checkpoint stalls the run for {stall:.3f} s** (the steps right after one, less the median step; " \
+           f"{straight['timeline']['checkpoints_timed']} timed)" in prose
+    assert (f"every 40 steps it costs {100 * stall / 40 / step:.1f} % of the step time, and every 200 steps "
+            f"{100 * stall / 200 / step:.1f} %") in prose
+    assert (f"trained {-summary['checkpoint_overhead_pct']:.1f} % faster than the same job without "
+            f"({straight['train_seconds']:.1f} s against {bare['train_seconds']:.1f} s)") in prose
+
+
 def test_the_compute_only_reference_run_is_the_json():
     data = result("bandwidth_reference")
     at = {t["link_mbit"]: t["variants"]["flexdemo"] for t in data["targets"].values()}
