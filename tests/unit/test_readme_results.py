@@ -431,7 +431,10 @@ def test_the_weak_scaling_table_and_its_reading_are_the_json():
     assert f"is {tail(defaults):.3f} against AdamW's {tail(base):.3f})" in PROSE
     assert f"validation loss of step 800 ({loss_at(base, 800):.3f}) only at step {caught:,}" in PROSE
     assert f"the defaults end where AdamW was at step {level:,} ({loss_at(base4, level):.3f})" in PROSE
-    assert f"(at 8 nodes `outer_lr=1`: {gap(outer1)}; 2, the default there: {gap(defaults)})" in PROSE
+    longer = by[8, "flexdemo2.83"]
+    assert (f"at 8 nodes `outer_lr=1` is {gap(outer1)}, 2 (the default there) {gap(defaults)}, and √R = 2.83 "
+            f"{gap(longer)}, behind from the first evaluation on ({loss_at(longer, 200):.3f} against the default's "
+            f"{loss_at(defaults, 200):.3f} at step 200)") in PROSE
     assert f"best losses differ by as much ({gap(defaults, base, 'best_eval_loss')})" in PROSE
 
 
