@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import convergence
+import elastic_resume
 import harness
 
 from hf_flexdemo.launch import elastic_torchrun_command, free_port, kill_agent, stop
@@ -164,7 +165,7 @@ def run(args: argparse.Namespace, scratch: Path, name: str, save_steps: int | No
     last = checkpoint.last_complete_checkpoint(output_dir)
     record = checkpoint.read_topology(last) if last else None
     result |= {
-        "eval_loss": {e["step"]: e["eval_loss"] for e in worker_result["log_history"] if "eval_loss" in e},
+        "eval_loss": elastic_resume.curve(worker_result),
         "train_seconds": watcher.steps[-1][0] - watcher.steps[0][0],  # first step seen to the last
         "timeline": summarize(watcher.steps, save_steps, args.eval_steps),
         "topology_changes": (record or {}).get("topology_changes", []),

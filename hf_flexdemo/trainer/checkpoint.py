@@ -83,7 +83,7 @@ def load_resharded(optimizer: FlexDeMo, checkpoint: str | os.PathLike, rank: int
     """Load this rank's share of a checkpoint written on another topology (:func:`hf_flexdemo.optim.reshard.
     reshard_state_dict` over every old rank's file: each rank reads them all, fine for the models one node's memory
     holds many times over), then check each state tensor against the shard FSDP2 gave this rank."""
-    saved = json.loads(Path(checkpoint, TOPOLOGY_FILE).read_text())
+    saved = read_topology(checkpoint)
     now = [list(p.shape) for group in optimizer.param_groups for p in group["params"]]
     differ = [(name, shape, full) for (name, shape), full in zip(saved["params"], now) if shape != full]
     if differ or len(now) != len(saved["params"]):
@@ -111,10 +111,9 @@ def check_resumable(checkpoint: str | os.PathLike, record: dict[str, Any],
         raise ValueError(f"{checkpoint} is incomplete (no {COMPLETE_FILE}): a save was interrupted. "
                          "Resume from an earlier checkpoint, or pass resume_from_checkpoint=True to pick the "
                          "last complete one.")
-    path = checkpoint / TOPOLOGY_FILE
-    if not path.is_file():
+    saved = read_topology(checkpoint)
+    if saved is None:
         return False  # written without FlexDeMo state (method="adamw"): Trainer's own checks apply
-    saved = json.loads(path.read_text())
     diff = {k: (saved.get(k), record.get(k)) for k in SETUP_KEYS if saved.get(k) != record.get(k)}
     if not diff:
         return False

@@ -73,6 +73,12 @@ def last_progress(output_dir: str | os.PathLike) -> int | None:
     return None if record is None else record["global_step"]
 
 
+def steps_lost(step: int, output_dir: str | os.PathLike) -> int | None:
+    """The steps an elastic run in ``output_dir`` took past the checkpoint of ``step`` (``None``: unknown)."""
+    reached = last_progress(output_dir)
+    return None if reached is None or reached < step else reached - step
+
+
 def resume_record(resume_from_checkpoint: str, now: dict[str, int], policy: str | None,
                   output_dir: str | os.PathLike) -> tuple[list[TopologyChange], TopologyChange | None]:
     """The run's topology changes up to a resume from ``resume_from_checkpoint`` onto ``now`` (a topology record),
@@ -85,9 +91,8 @@ def resume_record(resume_from_checkpoint: str, now: dict[str, int], policy: str 
     if shape == (now["replicate_size"], now["shard_size"]):
         return changes, None
     step = checkpoint.checkpoint_step(resume_from_checkpoint)
-    reached = last_progress(output_dir)
     change = TopologyChange(step, shape, (now["replicate_size"], now["shard_size"]), policy,
-                            None if reached is None or reached < step else reached - step)
+                            steps_lost(step, output_dir))
     return [*changes, change], change
 
 
@@ -96,9 +101,10 @@ def log_resume(resume_from_checkpoint: str, change: TopologyChange | None, outpu
     if change is not None:
         logger.warning(f"FlexDeMo: resuming {resume_from_checkpoint} on another topology: {change.describe()}.")
         return
-    step, reached = checkpoint.checkpoint_step(resume_from_checkpoint), last_progress(output_dir)
-    lost = "" if reached is None or reached < step else f"; {reached - step} step(s) lost"
-    logger.info(f"FlexDeMo: resuming {resume_from_checkpoint} (step {step}) on the same topology{lost}.")
+    step = checkpoint.checkpoint_step(resume_from_checkpoint)
+    lost = steps_lost(step, output_dir)
+    logger.info(f"FlexDeMo: resuming {resume_from_checkpoint} (step {step}) on the same topology"
+                + ("" if lost is None else f"; {lost} step(s) lost") + ".")
 
 
 def as_records(changes: list[TopologyChange]) -> list[dict[str, Any]]:
