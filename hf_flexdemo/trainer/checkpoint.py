@@ -5,7 +5,8 @@
 * The topology the checkpoint was written with and what a resume on another one needs to map the ranks' state
   (the rank files, whether a delayed exchange is pending, the parameters' full shapes): the same topology resumes
   exactly; another one only under a ``resume_policy`` (:mod:`hf_flexdemo.optim.reshard`), refused before any step.
-* A completion marker written after every rank finished: a checkpoint without it is never resumed.
+* A completion marker written after every rank finished its part: a checkpoint without it, or without one of the
+  rank files (written in the background, they may land after the marker), is never resumed.
 Files are written to a temporary name and renamed, so a crash never leaves a truncated file.
 """
 
@@ -23,6 +24,7 @@ from ..optim import reshard
 from ..optim.optimizer import FlexDeMo
 from ..optim.plan import local_shard
 from ..optim.reshard import RESUME_POLICIES, ResumePolicy
+from .background_writer import BackgroundWriter
 
 OPTIMIZER_DIR = "flexdemo_optimizer"
 TOPOLOGY_FILE = "flexdemo_topology.json"
@@ -43,11 +45,20 @@ def rank_file(rank: int) -> str:
     return f"{OPTIMIZER_DIR}/rank{rank:05d}.pt"
 
 
-def save_optimizer(optimizer: FlexDeMo, checkpoint: str | os.PathLike, rank: int) -> None:
-    """Write this rank's optimizer state to ``checkpoint/flexdemo_optimizer/rank{rank}.pt``."""
+def write_state(path: Path, state: dict[str, Any]) -> None:
+    atomic_write(path, lambda p: torch.save(state, p))
+
+
+def save_optimizer(optimizer: FlexDeMo, checkpoint: str | os.PathLike, rank: int,
+                   writer: BackgroundWriter | None = None) -> None:
+    """Write this rank's optimizer state to ``checkpoint/flexdemo_optimizer/rank{rank}.pt``: now, or from a host
+    copy by ``writer`` while training goes on."""
     Path(checkpoint, OPTIMIZER_DIR).mkdir(parents=True, exist_ok=True)
-    state = optimizer.state_dict()
-    atomic_write(Path(checkpoint, rank_file(rank)), lambda p: torch.save(state, p))
+    path, state = Path(checkpoint, rank_file(rank)), optimizer.state_dict()
+    if writer is None:
+        write_state(path, state)
+    else:
+        writer.submit(path, state)
 
 
 def describe_state(optimizer: FlexDeMo, world_size: int) -> dict[str, Any]:
@@ -108,7 +119,8 @@ def check_resumable(checkpoint: str | os.PathLike, record: dict[str, Any],
     ``policy`` that maps the saved one onto this one. Whether the optimizer state must be resharded."""
     checkpoint = Path(checkpoint)
     if not is_complete(checkpoint):
-        raise ValueError(f"{checkpoint} is incomplete (no {COMPLETE_FILE}): a save was interrupted. "
+        raise ValueError(f"{checkpoint} is incomplete (no {COMPLETE_FILE}, or a rank file missing): a save was "
+                         "interrupted. "
                          "Resume from an earlier checkpoint, or pass resume_from_checkpoint=True to pick the "
                          "last complete one.")
     saved = read_topology(checkpoint)
@@ -138,12 +150,17 @@ def check_resumable(checkpoint: str | os.PathLike, record: dict[str, Any],
 
 
 def mark_complete(checkpoint: str | os.PathLike, step: int) -> None:
-    """Record that every rank finished writing ``checkpoint`` (call after a barrier, on one rank)."""
+    """Record that every rank finished its part of ``checkpoint`` (call after a barrier, on one rank); rank files
+    written in the background may land after it (:func:`is_complete`)."""
     atomic_write(Path(checkpoint, COMPLETE_FILE), lambda p: p.write_text(json.dumps({"global_step": step})))
 
 
 def is_complete(checkpoint: str | os.PathLike) -> bool:
-    return Path(checkpoint, COMPLETE_FILE).is_file()
+    """The completion marker is there, and so is every rank file the topology record lists."""
+    if not Path(checkpoint, COMPLETE_FILE).is_file():
+        return False
+    record = read_topology(checkpoint) or {}
+    return all(Path(checkpoint, name).is_file() for name in record.get("files", ()))
 
 
 def checkpoint_step(checkpoint: str | os.PathLike) -> int:

@@ -34,6 +34,11 @@ ELASTIC_HELP = (
     "the last complete checkpoint in output_dir (from scratch where there is none), on the topology it now has, "
     "under resume_policy ('average' unless set); each restart logs the steps it lost and the topology change, and "
     "the model card lists them. Save checkpoints often (save_steps): a restart resumes from the last one.")
+ASYNC_SAVE_HELP = (
+    "At each checkpoint, every rank copies its optimizer state to host memory and a background thread writes it "
+    "while training goes on; the checkpoint counts as complete, and is resumed, only once every rank's file has "
+    "landed. False: written before the next step. None (the default): True, except with method='adamw', whose "
+    "optimizer state Trainer saves itself.")
 # The knobs Trainer's own arguments set (--learning_rate, --weight_decay, --adam_beta1/2, --adam_epsilon).
 FROM_TRAINING_ARGUMENTS = ("lr", "weight_decay", "betas", "eps")
 KNOB_FIELDS: tuple[str, ...] = tuple(knob.name for knob in knobs.KNOBS if knob.name not in FROM_TRAINING_ARGUMENTS)
@@ -54,6 +59,7 @@ _SETUP_AFTER = [
                 "(MixedPrecisionPolicy.reduce_dtype; float32 as torchtitan, bfloat16 halves the bytes)."})),
     ("resume_policy", ResumePolicy | None, field(default=None, metadata={"help": RESUME_POLICY_HELP})),
     ("elastic", bool, field(default=False, metadata={"help": ELASTIC_HELP})),
+    ("async_save", bool | None, field(default=None, metadata={"help": ASYNC_SAVE_HELP})),
 ]
 
 
@@ -78,6 +84,12 @@ def _post_init(self: Any) -> None:
         raise ValueError("FlexDeMoConfig: elastic=True with method='adamw'; accepted: method='flexdemo' | 'demo' "
                          "(their checkpoints record the topology and reshard onto another), or elastic=False for the "
                          "AdamW-HSDP baseline, which resumes through Trainer on the topology it was saved on.")
+    if self.async_save not in (None, True, False):
+        raise ValueError(f"FlexDeMoConfig: invalid async_save={self.async_save!r}; accepted: None | True | False.")
+    if self.async_save and self.method == "adamw":
+        raise ValueError("FlexDeMoConfig: async_save=True with method='adamw'; accepted: None or False with "
+                         "method='adamw' (Trainer saves the AdamW-HSDP baseline's optimizer state itself), or "
+                         "method='flexdemo' | 'demo'.")
     if self.elastic and self.resume_policy is None:
         self.resume_policy = "average"  # a restart may come back on fewer or more nodes
     if self.method == "adamw":

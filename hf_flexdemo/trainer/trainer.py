@@ -165,6 +165,7 @@ class FlexDeMoTrainer(ConsensusModel, CheckpointHooks, Trainer):
         if self.flexdemo_config.elastic:
             self.add_callback(ProgressCallback())
         self._log_setup()
+        self._init_checkpoint_writer()
         self._reshard = False  # set by train(): the checkpoint resumed was written on another topology
         self.topology_changes: list[TopologyChange] = []  # the run's, set by train() from the checkpoint resumed
         # weights loaded into the model (the best checkpoint, a user's load_state_dict) become the consensus

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+import safetensors.torch
 import torch
 from launch import WORKERS
 from transformers import AutoModelForSeq2SeqLM
@@ -115,8 +116,7 @@ def test_each_resume_starts_from_the_checkpoint_weights(elastic_run):
     resumed = [step for step in starts if step > 0]
     assert len(resumed) == 2
     for step in resumed:
-        weights = torch.load(Path(elastic_run.output_dir, f"checkpoint-{step}", "pytorch_model_fsdp.bin"),
-                             weights_only=True)
+        weights = safetensors.torch.load_file(Path(elastic_run.output_dir, f"checkpoint-{step}", "model.safetensors"))
         for record in starts[step]:
             assert all(torch.equal(record["params"][name], weights[name]) for name in record["params"]), step
 

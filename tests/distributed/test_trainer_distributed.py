@@ -108,8 +108,11 @@ def test_saved_model_reloads_with_from_pretrained(straight):
     with torch.no_grad():
         logits = model(**fixed_batch()).logits
     torch.testing.assert_close(logits, ranks[0]["logits"], atol=1e-5, rtol=1e-5)
-    assert (out / "straight" / "checkpoint-10" / "flexdemo_complete.json").is_file()
-    assert len(list((out / "straight" / "checkpoint-10" / "flexdemo_optimizer").glob("rank*.pt"))) == 4
+    saved = out / "straight" / "checkpoint-10"
+    assert (saved / "flexdemo_complete.json").is_file()
+    assert len(list((saved / "flexdemo_optimizer").glob("rank*.pt"))) == 4
+    # the weights once, where from_pretrained and a resume read them; not FSDP's second copy
+    assert (saved / "model.safetensors").is_file() and not list(saved.glob("pytorch_model_fsdp*"))
 
 
 def test_resume_from_checkpoint_is_exact(flexdemo_runs):

@@ -45,7 +45,9 @@ def test_overlap_in_backward_refuses_gradient_clipping_it_would_skip(tmp_path):
      ({"method": "demo", "reduce_dtype": "bfloat16"}, "reduce_dtype='bfloat16' with method='demo'"),
      ({"resume_policy": "mean"}, "resume_policy='mean'; accepted: None | average | reset | keep"),
      ({"elastic": "yes"}, "elastic='yes'; accepted: True | False"),
-     ({"elastic": True, "method": "adamw"}, "elastic=True with method='adamw'; accepted: method='flexdemo' | 'demo'")],
+     ({"elastic": True, "method": "adamw"}, "elastic=True with method='adamw'; accepted: method='flexdemo' | 'demo'"),
+     ({"async_save": "yes"}, "async_save='yes'; accepted: None | True | False"),
+     ({"async_save": True, "method": "adamw"}, "async_save=True with method='adamw'; accepted: None or False")],
 )
 def test_config_validates_every_knob(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -82,6 +84,9 @@ def _fake_checkpoint(path, step, complete, record):
     checkpoint.write_topology(path, record)
     if complete:
         checkpoint.mark_complete(path, step)
+        for name in record.get("files", ()):  # every rank's optimizer state landed
+            (path / name).parent.mkdir(exist_ok=True)
+            checkpoint.write_state(path / name, {})
 
 
 def test_incomplete_checkpoints_are_never_resumed(tmp_path):

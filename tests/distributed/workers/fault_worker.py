@@ -1,7 +1,7 @@
 """A long FlexDeMoTrainer run on a tiny T5 for fault injection: the test kills, stops or crashes a rank.
 
 Writes ``OUT/pid{rank}`` at start. ``--crash_rank R --crash_step N``: rank R exits abruptly while
-saving checkpoint N, after writing its optimizer state (the other ranks are mid-save too).
+saving checkpoint N, once its optimizer state is submitted (the other ranks are mid-save too).
 """
 
 from __future__ import annotations
