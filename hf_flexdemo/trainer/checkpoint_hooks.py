@@ -4,9 +4,10 @@
 topology and, once every rank is done, a completion marker (:mod:`hf_flexdemo.trainer.checkpoint`). With
 ``FlexDeMoConfig.async_save`` the rank files land in the background (:mod:`hf_flexdemo.trainer.background_writer`),
 after the marker; rotation keeps ``save_total_limit`` checkpoints whose every file has landed. FSDP's own copy of the
-weights is not written: ``model.safetensors`` holds them once, and resumes and the best model load from it. A resume picks the last *complete* checkpoint for ``True``/``"last"``, is checked against the
-topology before any step, and crosses the FSDP2 / plain-replica boundary (one process per node) for the weights;
-with ``FlexDeMoConfig.elastic`` a plain ``train()`` resumes too (:mod:`hf_flexdemo.trainer.elastic`).
+weights is not written: ``model.safetensors`` holds them once, and resumes and the best model load from it.
+A resume picks the last *complete* checkpoint for ``True``/``"last"``, is checked against the topology before any
+step, and crosses the FSDP2 / plain-replica boundary (one process per node) for the weights; with
+``FlexDeMoConfig.elastic`` a plain ``train()`` resumes too (:mod:`hf_flexdemo.trainer.elastic`).
 A mixin of :class:`~hf_flexdemo.trainer.trainer.FlexDeMoTrainer`, on the trainer's own attributes.
 """
 
