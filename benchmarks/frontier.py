@@ -3,8 +3,9 @@
 Reads the sweeps at the ``--horizon`` preset (``sweep.py`` grids ``bits``, ``nodes``, ``nodes_outer``,
 ``nodes_leader``, ``nodes_weak``, whichever are committed) and puts each FlexDeMo run at its bits per parameter per
 step (sent per node, from the run's Trainer logs) and its final validation loss's gap against AdamW-HSDP on the same
-nodes, processes, batch scaling and seed, found in any of those files. A front holds the runs no other run on the
-same nodes and scaling beats on both gap and bits. Nothing is trained: this reads results, and writes
+nodes, processes, batch scaling and seed, found in any of those files; a setting run with several seeds is one point,
+the mean of its seeds' gaps. A front holds the settings no other on the same nodes and scaling beats on both gap and
+bits. Nothing is trained: this reads results, and writes
 ``benchmarks/results/frontier.json`` and ``frontier.png``.
 
     python benchmarks/frontier.py
@@ -61,17 +62,26 @@ def bits(traffic: dict[str, Any], nodes: int) -> dict[str, float]:
 
 
 def points(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One point per FlexDeMo setting and topology: its gap against AdamW-HSDP of the same seed, the mean over the
+    seeds run (each seed's gap kept in ``gaps_pct``), at the bits it sent."""
     references = {topology(r): r["final_eval_loss"] for r in runs if r["method"] == "adamw"}
-    out = []
+    runs_of: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for r in runs:
         if r["method"] == "adamw" or topology(r) not in references:
             continue
         nodes, procs, scaling, seed = topology(r)
-        reference = references[topology(r)]
-        out.append({"grid": r["grid"], "key": r["key"], "nodes": nodes, "procs_per_node": procs, "scaling": scaling,
-                    "seed": seed, **bits(r["bytes_sent"], nodes),
-                    "final_eval_loss": r["final_eval_loss"], "reference_loss": reference,
-                    "gap_pct": 100 * (r["final_eval_loss"] - reference) / reference})
+        setting = r["key"].replace(f" seed={seed}", "") if seed is not None else r["key"]
+        runs_of.setdefault((nodes, procs, scaling, setting), []).append(r)
+    out = []
+    for (nodes, procs, scaling, setting), group in runs_of.items():
+        gaps = [100 * (r["final_eval_loss"] / references[topology(r)] - 1) for r in group]
+        sent = [bits(r["bytes_sent"], nodes) for r in group]
+        out.append({"key": setting, "grids": sorted({r["grid"] for r in group}), "nodes": nodes,
+                    "procs_per_node": procs, "scaling": scaling, "seeds": [topology(r)[3] for r in group],
+                    **{k: sum(b[k] for b in sent) / len(sent) for k in ("bits_sent", "bits_received")},
+                    "final_eval_loss": sum(r["final_eval_loss"] for r in group) / len(group),
+                    "reference_loss": sum(references[topology(r)] for r in group) / len(group),
+                    "gaps_pct": gaps, "gap_pct": sum(gaps) / len(gaps)})
     return sorted(out, key=lambda p: (p["nodes"], p["scaling"], p["bits_sent"]))
 
 
@@ -91,10 +101,10 @@ def fronts(pts: list[dict[str, Any]]) -> dict[str, list[str]]:
 
 
 def table(pts: list[dict[str, Any]], front: dict[str, list[str]]) -> str:
-    rows = [[curve(p), f"`{p['key']}`", f"{p['bits_sent']:.3g}", f"{p['final_eval_loss']:.3f}",
+    rows = [[curve(p), f"`{p['key']}`", len(p["seeds"]), f"{p['bits_sent']:.3g}", f"{p['final_eval_loss']:.3f}",
              f"{p['gap_pct']:+.2f} %", "yes" if p["key"] in front[curve(p)] else ""] for p in pts]
-    return harness.markdown_table(["nodes", "run", "bits/param/step sent", "final val loss", "vs AdamW-HSDP",
-                                   "front"], rows)
+    return harness.markdown_table(["nodes", "run", "seeds", "bits/param/step sent", "final val loss (mean)",
+                                   "vs AdamW-HSDP (mean of the seeds' gaps)", "front"], rows)
 
 
 def plot(pts: list[dict[str, Any]], front: dict[str, list[str]], path: Path) -> None:
