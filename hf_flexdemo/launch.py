@@ -67,16 +67,20 @@ def torchrun_command(target: Sequence[str | Path], nproc_per_node: int, *, nnode
 
 def elastic_torchrun_command(target: Sequence[str | Path], nproc_per_node: int, *, nnodes: str, endpoint: str,
                              run_id: str, max_restarts: int, host: bool | None = None, last_call_s: float = 30,
-                             monitor_s: float = 5, python: str = sys.executable) -> list[str]:
+                             monitor_s: float = 5, store_timeout_s: int = 60,
+                             python: str = sys.executable) -> list[str]:
     """``python -m torch.distributed.run`` for one agent of an elastic job: ``nnodes`` as ``"MIN:MAX"``, a c10d
     rendezvous at ``endpoint`` (``host:port``) named ``run_id``, up to ``max_restarts`` restarts of its workers.
 
     ``host``: whether this agent hosts the rendezvous store (``None``: the agent whose address is the endpoint's; on
     one machine the first to bind it). The store lives as long as its agent, so the agent that hosts it must outlive
     the others. ``last_call_s``: how long a rendezvous that has ``MIN`` nodes waits for more; ``monitor_s``: how often
-    an agent checks its workers and whether a node waits to join (which restarts the workers to let it in).
+    an agent checks its workers and whether a node waits to join (which restarts the workers to let it in);
+    ``store_timeout_s``: how long an agent tries to reach the rendezvous store before it ends with torch's
+    ``RendezvousConnectionError`` (an endpoint no agent hosts, a firewall) instead of waiting for ever.
     """
-    conf = f"last_call_timeout={last_call_s:g}" + ("" if host is None else f",is_host={int(host)}")
+    conf = (f"last_call_timeout={last_call_s:g},read_timeout={store_timeout_s:d}"
+            + ("" if host is None else f",is_host={int(host)}"))
     return [python, "-m", "torch.distributed.run", "--nnodes", nnodes, "--nproc_per_node", str(nproc_per_node),
             "--rdzv_backend", "c10d", "--rdzv_endpoint", endpoint, "--rdzv_id", run_id, "--rdzv_conf", conf,
             "--max_restarts", str(max_restarts), "--monitor_interval", f"{monitor_s:g}", *map(str, target)]

@@ -136,3 +136,16 @@ def test_each_topology_change_is_logged_once_and_listed_in_the_model_card(elasti
     record = json.loads((Path(checkpoint.last_complete_checkpoint(elastic_run.output_dir))
                          / checkpoint.TOPOLOGY_FILE).read_text())
     assert len(record["topology_changes"]) == 2
+
+
+def test_an_unreachable_rendezvous_ends_the_agent_with_a_clear_message(tmp_path):
+    """An endpoint no agent hosts: the agent gives up after ``store_timeout_s`` with torch's rendezvous error, naming
+    the address, instead of waiting for ever."""
+    port = free_port()  # nothing listens there
+    command = elastic_torchrun_command([WORKERS / "elastic_launch_worker.py"], 1, nnodes="1:2",
+                                       endpoint=f"127.0.0.1:{port}", run_id="unreachable", max_restarts=1, host=False,
+                                       store_timeout_s=5)
+    proc = subprocess.run(command, env=cpu_env(**ELASTIC_ENV), capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "RendezvousConnectionError: The connection to the C10d store has failed" in proc.stderr, proc.stderr[-3000:]
+    assert f"timed out after 5000ms while trying to connect to (127.0.0.1, {port})" in proc.stderr
