@@ -569,3 +569,26 @@ def test_the_bits_at_two_nodes_table_is_the_json():
     assert f"`feedback_decay=0.95` is +{sum(decay) / 2:.2f} % (+{decay[0]:.2f} % and +{decay[1]:.2f} %)" in PROSE
     for data in (bits, outer):
         assert not data["git_dirty"] and all(not i["git_dirty"] for i in data["invocations"])
+
+
+def test_the_time_to_target_on_links_of_1_2_10_is_the_json():
+    """"Time to target on a slow link", at the defaults: per link what it stands for (a 1 B model at 1 s per step),
+    FlexDeMo's time and step to target, its ratio to the compute-only run, its step and the optimizer's wait."""
+    data = result("time_to_target_links")
+    assert "at commit 08a1911 from a clean tree" in PROSE and data["git_commit"].startswith("08a1911")
+    assert not data["git_dirty"]
+    runs = {(r["method"], r["link"]["rate_mbit"]): r for r in data["runs"]}
+    reference, ratios = runs["adamw", None], []
+    target, seconds = data["target"]["target_eval_loss"], data["compute_only"]["seconds"]
+    assert f"reaches the target ({target:.4f}) at **{seconds:.1f} s**" in PROSE
+    for link in (1, 2, 10):
+        run, reached = runs["flexdemo", float(link)], data["time_to_target"][str(link)]["flexdemo"]
+        stands = link * 1e9 / run["parameters"] * reference["seconds_per_step"]
+        ratio = data["vs_compute_only"][str(link)]["flexdemo"]
+        row = (f"| {link} Mbit/s | {stands:.0f} Mbit/s | {reached['seconds']:.1f} (step {reached['step']:.0f}) | "
+               f"**{ratio:.2f}**")
+        ratios.append(f"{ratio:.2f}")
+        assert sum(line.startswith(row) and line.endswith(
+            f"| {run['seconds_per_step']:.3f} | {1e3 * run['flexdemo_comm_seconds_per_step']:.1f} ms |")
+            for line in PAGE.splitlines()) == 1, link
+    assert "2364 Mbit/s (" in PAGE and f"| {' / '.join(ratios)} | (stopped by the run's budget) |" in PAGE
