@@ -93,12 +93,12 @@ class CheckpointHooks:
             model.load_state_dict(torch.load(fsdp_weights, map_location="cpu", weights_only=True))
 
     def _load_best_model(self) -> None:
-        """As ``Trainer``, which under FSDP reads FSDP's weights file only: a FlexDeMo checkpoint's weights are in
-        ``model.safetensors`` (:meth:`_load_from_checkpoint`)."""
-        best = self.state.best_model_checkpoint
-        if not self.is_fsdp_enabled or Path(best, f"{FSDP_MODEL_NAME}.bin").is_file():
+        """As ``Trainer``, which under FSDP reads FSDP's weights file only: :meth:`_load_from_checkpoint` reads
+        whichever file the checkpoint holds (a FlexDeMo checkpoint's weights are in ``model.safetensors``)."""
+        if not self.is_fsdp_enabled:
             super()._load_best_model()
             return
+        best = self.state.best_model_checkpoint
         logger.info(f"Loading best model from {best} (score: {self.state.best_metric}).")
         self._load_from_checkpoint(best)
 
