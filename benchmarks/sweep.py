@@ -222,6 +222,10 @@ GRIDS: dict[str, dict[str, Any]] = {
             *(_run(method, 3e-3, nodes=4, procs_per_node=2, scaling="weak") for method in ("flexdemo", "adamw")),
             # the 8-node gap is optimisation speed and outer_lr 1 -> 2 closed most of what closed: a step of sqrt(R)
             _run("flexdemo", 3e-3, nodes=8, procs_per_node=1, scaling="weak", outer_lr=2.83),
+            # what the rest of the 8-node gap is: the compression (the dense pseudo-gradient mean, 5x the bits) or the
+            # length of a round (rounds of 4, 2x the bits), each at the default outer step
+            *(_run("flexdemo", 3e-3, nodes=8, procs_per_node=1, scaling="weak", **knobs)
+              for knobs in ({"replicator": "full"}, {"local_steps": 4})),
         ],
     },
     # What the defaults lose at 8 nodes (strong scaling, 2,000 steps; AdamW-HSDP and the defaults are grid "nodes"):
