@@ -289,6 +289,9 @@ GRIDS: dict[str, dict[str, Any]] = {
                 ("adamw", {}), ("flexdemo", {}), ("flexdemo", {"feedback_decay": 0.95}))),
             # ... and of half the bits (the seeds' AdamW-HSDP differ by 2.2 %, more than the margins to the bar)
             _run("flexdemo", 3e-3, local_steps=16, seed=7),
+            # a fragment's exchange starts every other step (H / F = 2) but must land after one (outer_delay 1), so a
+            # slow link needs twice the mean rate (time_to_target.py --links 1 2 10): the loss of landing after two
+            _run("flexdemo", 3e-3, outer_delay=2),
         ],
     },
     # At the package defaults: "delayed" is one step stale. ("backward" is "none"'s update, bit for bit, tested
