@@ -292,6 +292,16 @@ GRIDS: dict[str, dict[str, Any]] = {
             # a fragment's exchange starts every other step (H / F = 2) but must land after one (outer_delay 1), so a
             # slow link needs twice the mean rate (time_to_target.py --links 1 2 10): the loss of landing after two
             _run("flexdemo", 3e-3, outer_delay=2),
+            _run("flexdemo", 3e-3, outer_delay=2, seed=7),
+        ],
+    },
+    # The same at 300 steps (the smoke test), side by side on one machine: AdamW-HSDP, the defaults, and each
+    # fragment's exchange landing after the two steps until its next one starts (outer_delay 2), two seeds each.
+    "outer_delay": {
+        "argv": QUICK,
+        "runs": [
+            *(_run(method, 3e-3, **knobs, **seed) for seed in ({}, {"seed": 7})
+              for method, knobs in (("adamw", {}), ("flexdemo", {}), ("flexdemo", {"outer_delay": 2}))),
         ],
     },
     # At the package defaults: "delayed" is one step stale. ("backward" is "none"'s update, bit for bit, tested
