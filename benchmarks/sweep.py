@@ -69,8 +69,11 @@ def _local(steps: int, *, rate: float = 1 / 4, value_dtype: str = "int2", **knob
 # for each exchange unless a run said overlap="delayed" (the default "auto" streams now), streamed the whole
 # model in one round unless a run said outer_fragments (the default streams 4 fragments now), and selected from the
 # DCT unless a run said compression_transform (the default "auto" selects the values with local steps now). The
-# node grids ran at outer_lr=1 unless a run said otherwise (the default now follows the nodes: sqrt(R / 2)).
+# node grids ran at outer_lr=1 unless a run said otherwise (the default now follows the nodes: sqrt(R / 2)). The
+# grids of the 2,000-step horizon and "outer_delay" streamed each fragment's exchange to land one step after it
+# started unless a run said outer_delay (the default now travels until the next fragment's starts: 2 at H = 8).
 MEAN_OUTER = {"outer_lr": 1.0}
+LANDING_NEXT = {"outer_delay": 1}
 STEP_WISE = {"local_steps": 1}
 FIRST_DEFAULTS = {**STEP_WISE, "momentum": "lr", "consensus": "choosers", "value_dtype": "bfloat16",
                   "compression_chunk": 8}
@@ -204,7 +207,7 @@ GRIDS: dict[str, dict[str, Any]] = {
     # strong scaling (the global batch fixed, each node steps on 1/R of it) at 8, 4 and 2 nodes.
     "nodes": {
         "argv": HORIZON,
-        "pin": MEAN_OUTER,
+        "pin": {**MEAN_OUTER, **LANDING_NEXT},
         "runs": [
             *(_run(method, 3e-3, **topology, scaling="strong") for topology in reversed(NODE_TOPOLOGIES)
               for method in ("flexdemo", "adamw")),
@@ -216,6 +219,7 @@ GRIDS: dict[str, dict[str, Any]] = {
     # strong scaling (each node's step on 1/R of the batch is short), hold when each node keeps its batch?
     "nodes_weak": {
         "argv": HORIZON,
+        "pin": LANDING_NEXT,
         "runs": [
             *(_run(method, 3e-3, nodes=8, procs_per_node=1, scaling="weak") for method in ("flexdemo", "adamw")),
             _run("flexdemo", 3e-3, nodes=8, procs_per_node=1, scaling="weak", outer_lr=1.0),
@@ -239,7 +243,7 @@ GRIDS: dict[str, dict[str, Any]] = {
     # length of a round.
     "nodes_outer": {
         "argv": HORIZON,
-        "pin": MEAN_OUTER,
+        "pin": {**MEAN_OUTER, **LANDING_NEXT},
         "runs": [
             *(_run("flexdemo", 3e-3, nodes=8, procs_per_node=1, scaling="strong", **knobs) for knobs in (
                 {"replicator": "full"}, {"outer_lr": 0.7, "outer_momentum": 0.9}, {"outer_lr": 2.0},
@@ -254,6 +258,7 @@ GRIDS: dict[str, dict[str, Any]] = {
     # sends k values per block where the all-gather brings up to R k, and 1/2 still costs 0.6x the all-gather's 1/4.
     "nodes_leader": {
         "argv": HORIZON,
+        "pin": LANDING_NEXT,
         "runs": [
             _run("flexdemo", 3e-3, nodes=8, procs_per_node=1, scaling="strong", replicator="leader"),
             _run("flexdemo", 3e-3, nodes=8, procs_per_node=1, scaling="strong", replicator="leader",
@@ -269,6 +274,7 @@ GRIDS: dict[str, dict[str, Any]] = {
     # the AdamW-HSDP run of this grid.
     "bits": {
         "argv": HORIZON,
+        "pin": LANDING_NEXT,
         "runs": [
             _run("adamw", 3e-3),
             _run("flexdemo", 3e-3),
@@ -299,6 +305,7 @@ GRIDS: dict[str, dict[str, Any]] = {
     # fragment's exchange landing after the two steps until its next one starts (outer_delay 2), two seeds each.
     "outer_delay": {
         "argv": QUICK,
+        "pin": LANDING_NEXT,
         "runs": [
             *(_run(method, 3e-3, **knobs, **seed) for seed in ({}, {"seed": 7})
               for method, knobs in (("adamw", {}), ("flexdemo", {}), ("flexdemo", {"outer_delay": 2}))),

@@ -40,6 +40,7 @@ DRIFT_ACTIONS: tuple[str, ...] = get_args(DriftAction)
 DEFAULT_RATE = 1 / 4  # the rate used when neither compression_rate, compression_topk nor a budget is set
 DEFAULT_CHUNK = 32
 SCALED_VALUE_DTYPES = ("float8", "int4", "int2")  # a scale per block: demo's all-gather only, not random's sum
+MAX_AUTO_DELAY = 2  # outer_delay=None's longest: the delay measured at no loss cost (docs/results.md)
 BOTH: tuple[str, ...] = get_args(Mode)
 LOCAL: tuple[str, ...] = ("local",)
 STEP_WISE: tuple[str, ...] = ("step-wise",)
@@ -150,10 +151,13 @@ KNOBS: tuple[Knob, ...] = (
     Knob("outer_momentum", 0.0, float, "Nesterov momentum of that outer step (DiLoCo: outer_lr 0.7, 0.9); 0: plain "
          "averaging with error feedback (SparseLoCo).", modes=LOCAL, policy="outer", field="momentum",
          ok=lambda v: _number(v) and 0.0 <= v < 1.0, accepted="a float in [0, 1) (0: no outer momentum)"),
-    Knob("outer_delay", 1, int, "Streamed (overlap='delayed'): the inner steps a round's exchange travels during "
-         "before it moves the anchor (Streaming DiLoCo's tau); the progress of those steps enters error feedback, so "
-         "replicas restart from one anchor and nothing is lost.", modes=LOCAL, policy="outer", field="delay",
-         ok=lambda v: _integer(v) and v >= 1, accepted="an int >= 1"),
+    Knob("outer_delay", None, int | None, "Streamed (overlap='delayed'): the inner steps a round's exchange travels "
+         "during before it moves the anchor (Streaming DiLoCo's tau); the progress of those steps enters error "
+         "feedback, so replicas restart from one anchor and nothing is lost. None (the default): until the next "
+         "fragment's exchange starts, local_steps / outer_fragments steps, at most 2 (2 at the defaults: the link "
+         "carries a round's mean rate, not bursts at twice it), else 1.", modes=LOCAL, policy="outer", field="delay",
+         ok=lambda v: v is None or (_integer(v) and v >= 1),
+         accepted="None (the package's choice) or an integer >= 1"),
     Knob("outer_fragments", None, int | None, "Streamed: split the parameters into this many fragments (balanced by "
          "size) whose rounds are staggered by local_steps / outer_fragments steps (Streaming DiLoCo), so each "
          "exchange carries about 1/outer_fragments of the payload and the link is busy evenly; each fragment still "
@@ -296,15 +300,27 @@ def resolve_outer_lr(outer_lr: float | None, replicas: int) -> float:
     return outer_lr if outer_lr is not None else max(1.0, math.sqrt(replicas / 2))
 
 
-def resolve_outer_fragments(fragments: int | None, local_steps: int, overlap: str, outer_delay: int) -> int:
+def resolve_outer_fragments(fragments: int | None, local_steps: int, overlap: str, outer_delay: int | None) -> int:
     """``outer_fragments=None``'s choice: with streamed local steps (``overlap`` resolved), the most fragments up to
-    4 that fit: the largest divisor F <= 4 of ``local_steps`` with ``outer_delay <= local_steps / F``; 1 otherwise
-    (step-wise, or waiting for each exchange); any other value as given (docs/how-it-works.md "Why the defaults")."""
+    4 that fit: the largest divisor F <= 4 of ``local_steps`` with ``outer_delay <= local_steps / F`` (``None``:
+    any delay, chosen after F); 1 otherwise (step-wise, or waiting for each exchange); any other value as given
+    (docs/how-it-works.md "Why the defaults")."""
     if fragments is not None:
         return fragments
     if local_steps == 1 or overlap != "delayed":
         return 1
-    return max(f for f in range(1, 5) if local_steps % f == 0 and outer_delay <= local_steps // f)
+    return max(f for f in range(1, 5) if local_steps % f == 0 and (outer_delay or 1) <= local_steps // f)
+
+
+def resolve_outer_delay(outer_delay: int | None, local_steps: int, overlap: str, fragments: int) -> int:
+    """``outer_delay=None``'s choice: streamed (``overlap`` resolved), each fragment's exchange travels until the next
+    fragment's starts, ``local_steps / fragments`` steps, at most :data:`MAX_AUTO_DELAY`; 1 otherwise; any other value
+    as given (docs/results.md "Time to target on a slow link")."""
+    if outer_delay is not None:
+        return outer_delay
+    if local_steps == 1 or overlap != "delayed":
+        return 1
+    return min(local_steps // fragments, MAX_AUTO_DELAY)
 
 
 def resolve(values: dict[str, Any]) -> dict[str, Any]:
@@ -312,11 +328,11 @@ def resolve(values: dict[str, Any]) -> dict[str, Any]:
     replaced by that choice, so that a state_dict, a model card or a results JSON records what actually ran."""
     local = values["local_steps"]
     overlap = ("delayed" if local > 1 else "none") if values["overlap"] == "auto" else values["overlap"]
+    fragments = resolve_outer_fragments(values["outer_fragments"], local, overlap, values["outer_delay"])
     return {**values, "value_dtype": resolve_value_dtype(values["value_dtype"], values["replicator"], local),
             "compression_transform": resolve_transform(values["compression_transform"], local),
-            "overlap": overlap,
-            "outer_fragments": resolve_outer_fragments(values["outer_fragments"], local, overlap,
-                                                       values["outer_delay"])}
+            "overlap": overlap, "outer_fragments": fragments,
+            "outer_delay": resolve_outer_delay(values["outer_delay"], local, overlap, fragments)}
 
 
 def with_default_rate(values: dict[str, Any]) -> dict[str, Any]:
@@ -364,7 +380,8 @@ def validate(knobs: Mapping[str, Any]) -> None:
         check(get("budget_fraction") is None, "budget_fraction", get("budget_fraction"),
               f"None with local_steps={get('local_steps')} (a time budget measures every step's exchange); a time "
               "budget needs local_steps=1 (preset='step-wise')")
-        check(get("overlap") not in ("delayed", "auto") or get("outer_delay", 1) <= get("local_steps"), "outer_delay",
+        delay = get("outer_delay") or 1
+        check(get("overlap") not in ("delayed", "auto") or delay <= get("local_steps"), "outer_delay",
               get("outer_delay"), f"1 <= outer_delay <= local_steps={get('local_steps')} (the exchange lands within "
               "the next round)")
     _check_fragments(knobs)
@@ -429,8 +446,8 @@ def _check_no_effect(knobs: Mapping[str, Any]) -> None:
     """Knobs set away from their default where the mode reads them but nothing else they depend on lets them act
     (those present): refused, as a knob of the other mode is (:func:`_check_mode`)."""
     local, overlap = knobs.get("local_steps"), knobs.get("overlap")
-    if local is not None and local > 1 and overlap == "none" and knobs.get("outer_delay", 1) != DEFAULTS["outer_delay"]:
-        check(False, "outer_delay", knobs["outer_delay"], f"{DEFAULTS['outer_delay']!r} (the default) with "
+    if local is not None and local > 1 and overlap == "none" and knobs.get("outer_delay") not in (None, 1):
+        check(False, "outer_delay", knobs["outer_delay"], f"{DEFAULTS['outer_delay']!r} (the default) or 1 with "
               "overlap='none': each round's exchange is waited for in step(), and outer_delay is how many inner steps "
               "a streamed one travels; set overlap='delayed' (or 'auto') to stream")
     if "budget_bytes" in knobs and "budget_fraction" in knobs and knobs["budget_bytes"] is None \

@@ -37,16 +37,20 @@ def test_the_model_after_train_is_the_one_trained_on_every_rank_in_memory_and_on
 
 
 def test_on_the_uncompressed_wire_the_model_is_the_mean_of_what_the_nodes_trained(ranks):
-    """Every value in float32: the final round leaves the mean over the nodes of their local parameters at the end
-    (the anchors alone, as before the landing, miss each fragment's steps since its last round)."""
+    """Every value in float32: the final round leaves the mean over the nodes of what each trained: its local
+    parameters at the end, plus what its error feedback still holds (the pseudo-gradient is ``delta + anchor -
+    local``). The anchors alone, as before the landing, miss each fragment's steps since its last round; the local
+    parameters alone miss the steps between a streamed exchange's launch and its landing (the defaults land two
+    steps later), which restarting from the anchor moved into the error feedback."""
     nodes, shard, results = ranks
-    node_values = [results[node * shard]["exact"]["trained"] for node in range(nodes)]
+    trained = [results[node * shard]["exact"] for node in range(nodes)]
     model = results[0]["exact"]["model"]
     for name, value in model.items():
-        mean = sum(values[name] for values in node_values) / nodes
+        mean = sum(node["trained"][name] - node["held_back"][name] for node in trained) / nodes
         torch.testing.assert_close(value, mean, rtol=1e-6, atol=1e-7)
-    if nodes > 1:  # the nodes did part: the check has something to find
-        assert any(not torch.equal(node_values[0][n], node_values[1][n]) for n in model)
+    if nodes > 1:  # the nodes did part, and the steps between a launch and its landing wait in the error feedback
+        assert any(not torch.equal(trained[0]["trained"][n], trained[1]["trained"][n]) for n in model)
+        assert any(trained[0]["held_back"][n].abs().max() > 0 for n in model)
 
 
 def test_the_final_round_is_logged_and_counted(ranks):

@@ -194,18 +194,18 @@ def test_the_model_card_names_the_mode():
         "local steps: 8 AdamW steps per node, then a compressed pseudo-gradient exchange (top-k of its values, plain "
         "averaging with error feedback, outer lr 1)")
     assert training_mode(FlexDeMoConfig(), 2).endswith(
-        "outer lr 1, streamed: it lands 1 inner step(s) after it starts, in 4 fragments whose rounds are staggered by "
+        "outer lr 1, streamed: it lands 2 inner step(s) after it starts, in 4 fragments whose rounds are staggered by "
         "2 step(s))")
     assert "(top-k of its DCT coefficients, " in training_mode(FlexDeMoConfig(compression_transform="dct"), 2)
     assert training_mode(FlexDeMoConfig(outer_fragments=1), 2).endswith(
-        "outer lr 1, streamed: it lands 1 inner step(s) after it starts)")
+        "outer lr 1, streamed: it lands 2 inner step(s) after it starts)")
     assert "Nesterov outer momentum 0.9" in training_mode(FlexDeMoConfig(local_steps=8, outer_momentum=0.9), 2)
-    assert "lands 2 inner step(s) after" in training_mode(FlexDeMoConfig(local_steps=8, overlap="delayed",
-                                                                          outer_delay=2), 2)
+    assert "lands 1 inner step(s) after" in training_mode(FlexDeMoConfig(local_steps=8, overlap="delayed",
+                                                                          outer_delay=1), 2)
     # the outer lr's default follows the nodes: sqrt(R / 2), at least 1
     assert [training_mode(FlexDeMoConfig(overlap="none"), nodes).endswith(f"outer lr {lr})")
             for nodes, lr in ((1, "1"), (2, "1"), (4, "1.41421"), (8, "2"))] == [True] * 4
     # ... unless the run says what ran (a checkpoint from 2 nodes resumed on 8 keeps its outer step)
     assert training_mode(FlexDeMoConfig(overlap="none"), 8, outer_lr=1.0).endswith("outer lr 1)")
     assert training_mode(FlexDeMoConfig(outer_fragments=2), 2).endswith(
-        "it lands 1 inner step(s) after it starts, in 2 fragments whose rounds are staggered by 4 step(s))")
+        "it lands 2 inner step(s) after it starts, in 2 fragments whose rounds are staggered by 4 step(s))")

@@ -86,8 +86,9 @@ def test_flexdemo_knobs_are_refused_with_the_adamw_baseline():
 @pytest.mark.parametrize(("knobs", "field", "accepted"), [
     ({"local_steps": 1, "outer_lr": 0.7}, "outer_lr", r"None \(the default\) with local_steps=1"),
     ({"local_steps": 1, "outer_momentum": 0.9}, "outer_momentum", r"0.0 \(the default\) with local_steps=1"),
-    ({"local_steps": 1, "outer_delay": 2}, "outer_delay", r"1 \(the default\) with local_steps=1"),
-    ({"local_steps": 4, "overlap": "none", "outer_delay": 2}, "outer_delay", r"1 \(the default\) with overlap='none'"),
+    ({"local_steps": 1, "outer_delay": 2}, "outer_delay", r"None \(the default\) with local_steps=1"),
+    ({"local_steps": 4, "overlap": "none", "outer_delay": 2}, "outer_delay",
+     r"None \(the default\) or 1 with overlap='none'"),
     ({"budget_min_rate": 0.1}, "budget_min_rate", r"the default \(0.015625\) without a budget"),
     ({"budget_max_rate": 0.5}, "budget_max_rate", r"the default \(0.25\) without a budget"),
 ])

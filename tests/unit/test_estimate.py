@@ -3,6 +3,7 @@ parameter per step from the wire's byte formula, the mean load and the link that
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -43,14 +44,14 @@ def test_one_node_sends_nothing():
 
 
 def test_the_link_that_hides_the_exchange_carries_a_fragment_within_the_delay():
-    """At the defaults a fragment's exchange has one step (outer_delay=1) and the next starts two steps later, so the
-    link that hides it carries twice the mean load; outer_delay=2 (still one fragment in flight) lowers it to the
-    mean."""
+    """At the defaults a fragment's exchange starts every other step and travels for two (outer_delay resolves to
+    local_steps / outer_fragments = 2), so the link that hides it carries the mean load; with outer_delay=1 it has
+    one step for two steps' bytes: twice the mean."""
     default = link_estimate(1e9, 1.0, 2)
-    assert default.needed_mbits == pytest.approx(2 * default.mean_mbits)
+    assert default.needed_mbits == pytest.approx(default.mean_mbits)
     assert default.mean_mbits == pytest.approx(default.bits_per_param * 1e9 / 1e6)
-    patient = link_estimate(1e9, 1.0, 2, {"outer_delay": 2})
-    assert patient.needed_mbits == pytest.approx(patient.mean_mbits) and patient.mean_mbits == default.mean_mbits
+    hurried = link_estimate(1e9, 1.0, 2, {"outer_delay": 1})
+    assert hurried.needed_mbits == pytest.approx(2 * hurried.mean_mbits) and hurried.mean_mbits == default.mean_mbits
     assert link_estimate(1e9, 0.5, 2).needed_mbits == pytest.approx(2 * default.needed_mbits)
 
 
@@ -67,3 +68,18 @@ def test_the_doctor_prints_the_estimate_without_launching():
     expected = link_estimate(1e9, 1.0, 2)
     assert out.strip() == expected.describe()
     assert f"{expected.bits_per_param:.3g} bits per parameter per step" in out and "2 nodes" in out
+
+
+def test_the_estimates_the_docs_quote_are_the_doctors():
+    """README.md and docs/multi-node.md quote ``--parameters 1e9 --step_seconds 1`` at 2 and 8 nodes."""
+    root = Path(__file__).resolve().parents[2]
+    readme = " ".join((root / "README.md").read_text().split())
+    multi_node = (root / "docs" / "multi-node.md").read_text()
+    two, eight = link_estimate(1e9, 1.0, 2), link_estimate(1e9, 1.0, 8)
+    assert (f"{two.bits_per_param:.3g} bits per parameter per step sent and received per node; the link carries "
+            f"{two.mean_mbits:,.0f} Mbit/s on average and hides the exchange behind compute from "
+            f"{two.needed_mbits:,.0f} Mbit/s per direction (at `--nodes 8`, {eight.mean_mbits:,.0f} and "
+            f"{eight.needed_mbits:,.0f} Mbit/s") in readme
+    for nodes, estimate in ((2, two), (8, eight)):
+        assert (f"| {nodes} | {estimate.bits_per_param:.3g} | {estimate.mean_mbits:,.0f}, "
+                f"{estimate.needed_mbits:,.0f} |") in multi_node

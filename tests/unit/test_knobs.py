@@ -116,15 +116,15 @@ def test_optimizer_wide_knobs_are_refused_in_a_param_group():
         FlexDeMo([{"params": [weight], "replicator": "full"}])
 
 
-STEP_WISE = {"local_steps": 1, "overlap": "none", "outer_fragments": 1,  # "auto" and None resolve so step-wise
-             "compression_transform": "dct"}
+STEP_WISE = {"local_steps": 1, "overlap": "none", "outer_fragments": 1, "outer_delay": 1,  # "auto" and None
+             "compression_transform": "dct"}  # resolve so step-wise
 PAPER = {**STEP_WISE, "momentum": "lr", "update": "sign", "consensus": "choosers", "value_dtype": "float32",
          "momentum_decay": 0.999}
 
 
 @pytest.mark.parametrize(("preset", "documented"), [
     ("default", {"local_steps": 8, "value_dtype": "int2", "overlap": "delayed", "outer_fragments": 4,  # resolved
-                 "compression_transform": "none"}),
+                 "outer_delay": 2, "compression_transform": "none"}),
     ("step-wise", {**STEP_WISE, "value_dtype": "float8"}),  # the defaults before local steps
     ("flexdemo-paper", {**PAPER, "compression_topk": 4, "compression_chunk": 8}),  # 4 of 64: the authors' 1/16
     ("demo-paper", {**PAPER, "compression_topk": 32, "compression_chunk": 64}),  # DeMo's 32 of 64 x 64

@@ -274,6 +274,21 @@ def test_fragments_left_to_the_package_are_the_most_up_to_4_that_fit(given, chos
 
 
 @pytest.mark.parametrize(("given", "chosen"), [
+    ({}, 2), ({"local_steps": 16}, 2), ({"local_steps": 4}, 1), ({"local_steps": 2}, 1), ({"outer_fragments": 1}, 2),
+    ({"outer_fragments": 2, "local_steps": 4}, 2), ({"outer_delay": 1}, 1), ({"outer_delay": 4, "local_steps": 16}, 4),
+    ({"overlap": "none"}, 1), ({"local_steps": 1}, 1), ({"preset": "step-wise"}, 1),
+])
+def test_delay_left_to_the_package_lasts_until_the_next_fragment_starts_at_most_2(given, chosen):
+    """``outer_delay=None`` (the default) lets each fragment's streamed exchange travel until the next fragment's
+    starts (``local_steps / outer_fragments`` steps), at most 2, and is 1 where nothing streams; the fragments are
+    chosen first, as before; the optimizer and the config record the choice."""
+    opt = FlexDeMo(mlp().parameters(), **from_knobs(given))
+    assert opt.options["outer_delay"] == chosen
+    config = {("flexdemo_preset" if key == "preset" else key): value for key, value in given.items()}
+    assert FlexDeMoConfig(**config).outer_delay == chosen
+
+
+@pytest.mark.parametrize(("given", "chosen"), [
     ({}, "none"), ({"local_steps": 2}, "none"), ({"local_steps": 1}, "dct"), ({"preset": "step-wise"}, "dct"),
     ({"compression_transform": "dct"}, "dct"), ({"local_steps": 1, "compression_transform": "none"}, "none"),
 ])

@@ -12,7 +12,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
-PAGE = (ROOT / "docs" / "results.md").read_text()  # every result; the README keeps a headline table
+PAGE = (ROOT / "docs" / "results.md").read_text()  # every result
+README = (ROOT / "README.md").read_text()  # a headline table
 PROSE = " ".join(PAGE.split())  # the text with its line breaks as spaces
 
 
@@ -403,12 +404,14 @@ def test_the_weak_scaling_table_and_its_reading_are_the_json():
             label, cells = "AdamW-HSDP (fp32 reduce)", f"{cells} – | – |"
         else:
             knobs = {k: v for k, v in run["knobs"].items() if k not in placement}
-            label = ", ".join(f"`{k}={v:g}`" for k, v in knobs.items()) or "the defaults"
+            label = ", ".join(f"`{k}={v:g}`" if isinstance(v, float | int) else f'`{k}="{v}"`'
+                              for k, v in knobs.items()) or "the defaults"
             gap = 100 * (run["final_eval_loss"] / adamw[(nodes, procs)]["final_eval_loss"] - 1)
             bits = 32 * (nodes - 1) / nodes / run["bytes_sent"]["compression_ratio_vs_dense_bf16"]
             cells = f"{cells} {gap:+.2f} % | {bits:.3g} |"
         assert f"| {nodes} × {procs} | {batch} | {label} {cells}" in PAGE.splitlines(), key
-    by = {(r["knobs"]["nodes"], r["method"] + str(r["knobs"].get("outer_lr", ""))): r for r in runs.values()}
+    by = {(r["knobs"]["nodes"], r["method"] + str(r["knobs"].get("outer_lr", ""))): r for r in runs.values()
+          if set(r["knobs"]) <= {*placement, "outer_lr"}}
     defaults, base, outer1 = by[8, "flexdemo"], by[8, "adamw"], by[8, "flexdemo1.0"]
     defaults4, base4 = by[4, "flexdemo"], by[4, "adamw"]
 
@@ -426,7 +429,8 @@ def test_the_weak_scaling_table_and_its_reading_are_the_json():
     level = max(c["step"] for c in base4["curve"] if c["eval_loss"] >= defaults4["final_eval_loss"])
     gaps = f"{gap(defaults4, base4)} / {gap(defaults)}"
     assert f"**Under weak scaling the defaults are {gap(defaults4, base4)} at 4 nodes and {gap(defaults)} at 8" in PROSE
-    assert f"one seed ([\"Weak scaling\"](#weak-scaling-each-node-keeps-its-batch)) | {gaps} | – |" in PAGE
+    assert (f"one seed, landing one step after the start ([\"Weak scaling\"](#weak-scaling-each-node-keeps-its-batch)) "
+            f"| {gaps} | – |") in PAGE
     assert f"keeping its 2-node batch (weak scaling) | {gaps} | – |" in (ROOT / "README.md").read_text()
     assert f"is {tail(defaults):.3f} against AdamW's {tail(base):.3f})" in PROSE
     assert f"validation loss of step 800 ({loss_at(base, 800):.3f}) only at step {caught:,}" in PROSE
@@ -436,6 +440,10 @@ def test_the_weak_scaling_table_and_its_reading_are_the_json():
             f"{gap(longer)}, behind from the first evaluation on ({loss_at(longer, 200):.3f} against the default's "
             f"{loss_at(defaults, 200):.3f} at step 200)") in PROSE
     assert f"best losses differ by as much ({gap(defaults, base, 'best_eval_loss')})" in PROSE
+    dense = runs["flexdemo lr=0.003 nodes=8 procs_per_node=1 replicator=full scaling=weak"]
+    assert (f"at the same outer step\n(2 at 8 nodes) is {gap(dense)}, behind from the first evaluation on "
+            f"({loss_at(dense, 200):.3f} against the defaults' {loss_at(defaults, 200):.3f} at step 200)\nand close "
+            f"to the compressed exchange at `outer_lr=2.83` ({gap(longer)})") in PAGE
 
 
 def test_the_fronts_are_the_json():
@@ -511,11 +519,24 @@ def test_the_headline_node_scaling_gaps_are_the_json():
         flexdemo = runs[f"flexdemo lr=0.003 nodes={nodes} outer_lr={outer} procs_per_node={procs} scaling=strong"]
         gaps.append(100 * (flexdemo["final_eval_loss"] / runs[f"adamw lr=0.003 {where}"]["final_eval_loss"] - 1))
     cell = f"+{gaps[0]:.2f} % / +{gaps[1]:.2f} % | – |"
-    bits = result("sweep_bits")["runs"]
-    two = sum(100 * (bits[f"flexdemo lr=0.003{tail}"]["final_eval_loss"]
-                     / bits[f"adamw lr=0.003{tail}"]["final_eval_loss"] - 1) for tail in ("", " seed=7")) / 2
+    two = _mean_gap(result("sweep_bits")["runs"], "flexdemo lr=0.003 outer_delay=2")  # the defaults now
     assert f"| {cell}" in PAGE and f"| +{two:.2f} % | – |" in PAGE
     assert f"| +{two:.2f} % / {cell}" in (ROOT / "README.md").read_text()
+
+
+def _mean_gap(runs: dict, key: str) -> float:
+    """The mean over seeds 42 and 7 of run ``key``'s final gap against the AdamW-HSDP run of its seed."""
+    return sum(100 * (runs[f"{key}{tail}"]["final_eval_loss"] / runs[f"adamw lr=0.003{tail}"]["final_eval_loss"] - 1)
+               for tail in ("", " seed=7")) / 2
+
+
+def test_the_headline_short_run_gaps_are_the_json():
+    """The README's and the summary's gap at 300 steps: the defaults (landing two steps after the start), and the
+    default before on the same machine."""
+    runs = result("sweep_outer_delay")["runs"]
+    now, before = _mean_gap(runs, "flexdemo lr=0.003 outer_delay=2"), _mean_gap(runs, "flexdemo lr=0.003")
+    assert f"| +{now:.2f} % | – |" in PAGE and f"(mean of two seeds) | +{now:.2f} % | – |" in README
+    assert f"| +{before:.2f} % / +1.96 % / +1.47 % | – |" in PAGE
 
 
 def test_the_flat_exchange_row_is_the_json():
@@ -570,16 +591,33 @@ def test_the_bits_at_two_nodes_table_is_the_json():
     assert (f"**At 2,000 steps the defaults are +{sum(defaults) / 2:.2f} % on the mean of two seeds "
             f"(+{defaults[0]:.2f} % and +{defaults[1]:.2f} %), under the 2 % bar") in PROSE
     assert f"`feedback_decay=0.95` is +{sum(decay) / 2:.2f} % (+{decay[0]:.2f} % and +{decay[1]:.2f} %)" in PROSE
+    later = gaps("flexdemo lr=0.003 outer_delay=2")
+    quick = result("sweep_outer_delay")
+    assert quick["git_commit"].startswith("3d9ae8b") and not quick["git_dirty"]
+    assert "at commit 3d9ae8b from a clean tree, AMD EPYC; `convergence.py --quick`" in PROSE
+    short = {}
+    for tail in ("", " outer_delay=2"):
+        short[tail] = [100 * (quick["runs"][f"flexdemo lr=0.003{tail}{seed}"]["final_eval_loss"]
+                              / quick["runs"][f"adamw lr=0.003{seed}"]["final_eval_loss"] - 1)
+                       for seed in ("", " seed=7")]
+    (one, two), (one_late, two_late) = short[""], short[" outer_delay=2"]
+    assert (f"`outer_delay=2` +{one_late:.2f} % / +{two_late:.2f} % (mean +{(one_late + two_late) / 2:.2f} %) "
+            f"against +{one:.2f} % / +{two:.2f} % (mean +{(one + two) / 2:.2f} %) landing after one step") in PROSE
+    assert (f"It is +{sum(later) / 2:.2f} % on the mean of two seeds (+{later[0]:.2f} % and +{later[1]:.2f} %), where "
+            f"landing after one step is +{sum(defaults) / 2:.2f} %") in PROSE
     for data in (bits, outer):
         assert not data["git_dirty"] and all(not i["git_dirty"] for i in data["invocations"])
 
 
-def test_the_time_to_target_on_links_of_1_2_10_is_the_json():
-    """"Time to target on a slow link", at the defaults: per link what it stands for (a 1 B model at 1 s per step),
-    FlexDeMo's time and step to target, its ratio to the compute-only run, its step and the optimizer's wait."""
-    data = result("time_to_target_links")
-    assert "at commit 08a1911 from a clean tree" in PROSE and data["git_commit"].startswith("08a1911")
-    assert not data["git_dirty"]
+@pytest.mark.parametrize(("name", "commit"), [("time_to_target_delay2", None), ("time_to_target_links", "08a1911")])
+def test_the_time_to_target_on_links_of_1_2_10_is_the_json(name, commit):
+    """"Time to target on a slow link", at the defaults (landing two steps after the start) and landing after one
+    (the default then): per link what it stands for (a 1 B model at 1 s per step), FlexDeMo's time and step to
+    target, its ratio to the compute-only run, its step and the optimizer's wait; the summary quotes the defaults."""
+    data = result(name)
+    commit = commit or data["git_commit"][:7]
+    assert f"`benchmarks/results/{name}.json`, `.png`, at commit {commit} from a clean tree" in PROSE
+    assert data["git_commit"].startswith(commit) and not data["git_dirty"]
     runs = {(r["method"], r["link"]["rate_mbit"]): r for r in data["runs"]}
     reference, ratios = runs["adamw", None], []
     target, seconds = data["target"]["target_eval_loss"], data["compute_only"]["seconds"]
@@ -594,4 +632,5 @@ def test_the_time_to_target_on_links_of_1_2_10_is_the_json():
         assert sum(line.startswith(row) and line.endswith(
             f"| {run['seconds_per_step']:.3f} | {1e3 * run['flexdemo_comm_seconds_per_step']:.1f} ms |")
             for line in PAGE.splitlines()) == 1, link
-    assert "2364 Mbit/s (" in PAGE and f"| {' / '.join(ratios)} | (stopped by the run's budget) |" in PAGE
+    if name == "time_to_target_delay2":
+        assert f"| {' / '.join(ratios)} | (stopped by the run's budget) |" in PAGE

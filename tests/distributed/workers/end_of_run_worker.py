@@ -23,11 +23,25 @@ def full(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone() for n, p in model.named_parameters()}
 
 
+def held_back(model: torch.nn.Module, optimizer) -> dict[str, torch.Tensor]:
+    """Every parameter's error feedback in full, as this node holds it: what the node trained that has not crossed
+    yet (with a streamed exchange landing after more than one step, the steps between a launch and its landing);
+    zero on one node, where nothing crosses."""
+    state = optimizer.optimizer.state
+    out = {}
+    for n, p in model.named_parameters():
+        delta = state[p].get("delta", torch.zeros_like(p.to_local() if isinstance(p, DTensor) else p))
+        out[n] = (DTensor.from_local(delta, p.device_mesh, p.placements, shape=p.shape, stride=p.stride()).full_tensor()
+                  if isinstance(p, DTensor) else delta).detach().clone()
+    return out
+
+
 class Recording(FlexDeMoTrainer):
-    """Keeps the parameters as the node trained them, right before the end-of-run landing."""
+    """Keeps the parameters as the node trained them, and its error feedback, right before the end-of-run landing."""
 
     def _finalize_training(self, trial, num_train_samples, start_time):
         self.trained = full(self.model)
+        self.held_back = held_back(self.model, self.optimizer)
         return super()._finalize_training(trial, num_train_samples, start_time)
 
 
@@ -52,7 +66,7 @@ def ended(trainer: Recording, save_to: Path) -> dict:
     trainer.save_model(str(save_to))
     dist.barrier()
     saved = AutoModelForSeq2SeqLM.from_pretrained(save_to)
-    return {"trained": trainer.trained, "model": in_memory,
+    return {"trained": trainer.trained, "held_back": trainer.held_back, "model": in_memory,
             "saved": {n: p.detach() for n, p in saved.named_parameters()}, "loss": loss_of(trainer.model),
             "saved_loss": loss_of(saved), "eval_loss": trainer.evaluate()["eval_loss"],
             "log_history": trainer.state.log_history}
