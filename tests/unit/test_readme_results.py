@@ -634,3 +634,6 @@ def test_the_time_to_target_on_links_of_1_2_10_is_the_json(name, commit):
             for line in PAGE.splitlines()) == 1, link
     if name == "time_to_target_delay2":
         assert f"| {' / '.join(ratios)} | (stopped by the run's budget) |" in PAGE
+        adamw = data["vs_compute_only"]["10"]
+        assert (f"| {' / '.join(ratios)} | at 10 Mbit/s ≥ {adamw['adamw_lower_bound']:.2f} (stopped by the budget; "
+                f"{adamw['adamw_projected']:.2f} projected) |") in README
