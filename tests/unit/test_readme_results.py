@@ -536,7 +536,7 @@ def test_the_headline_short_run_gaps_are_the_json():
     runs = result("sweep_outer_delay")["runs"]
     now, before = _mean_gap(runs, "flexdemo lr=0.003 outer_delay=2"), _mean_gap(runs, "flexdemo lr=0.003")
     assert f"| +{now:.2f} % | – |" in PAGE and f"(mean of two seeds) | +{now:.2f} % | – |" in README
-    assert f"| +{before:.2f} % / +1.96 % / +1.47 % | – |" in PAGE
+    assert f"| +{before:.2f} % / " in PAGE  # then the Xeon's, checked in test_docs.py
 
 
 def test_the_flat_exchange_row_is_the_json():
