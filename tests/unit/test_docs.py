@@ -108,7 +108,6 @@ def test_the_readme_headline_table_is_the_json():
     assert f"| {bits['demo']:.2f} | {bits['adamw_bf16']:.0f} (bf16) |" in README
 
 
-
 def test_the_results_summary_is_the_json():
     """docs/results.md's summary table quotes figures its sections check; the bits per parameter are computed."""
     data = result("replicator_bytes")

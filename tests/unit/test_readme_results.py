@@ -431,7 +431,7 @@ def test_the_weak_scaling_table_and_its_reading_are_the_json():
     assert f"**Under weak scaling the defaults are {gap(defaults4, base4)} at 4 nodes and {gap(defaults)} at 8" in PROSE
     assert (f"one seed, landing one step after the start ([\"Weak scaling\"](#weak-scaling-each-node-keeps-its-batch)) "
             f"| {gaps} | – |") in PAGE
-    assert f"keeping its 2-node batch (weak scaling) | {gaps} | – |" in (ROOT / "README.md").read_text()
+    assert f"keeping its 2-node batch (weak scaling) | {gaps} | – |" in README
     assert f"is {tail(defaults):.3f} against AdamW's {tail(base):.3f})" in PROSE
     assert f"validation loss of step 800 ({loss_at(base, 800):.3f}) only at step {caught:,}" in PROSE
     assert f"the defaults end where AdamW was at step {level:,} ({loss_at(base4, level):.3f})" in PROSE
@@ -521,13 +521,18 @@ def test_the_headline_node_scaling_gaps_are_the_json():
     cell = f"+{gaps[0]:.2f} % / +{gaps[1]:.2f} % | – |"
     two = _mean_gap(result("sweep_bits")["runs"], "flexdemo lr=0.003 outer_delay=2")  # the defaults now
     assert f"| {cell}" in PAGE and f"| +{two:.2f} % | – |" in PAGE
-    assert f"| +{two:.2f} % / {cell}" in (ROOT / "README.md").read_text()
+    assert f"| +{two:.2f} % / {cell}" in README
+
+
+def _seed_gaps(runs: dict, key: str) -> list[float]:
+    """Run ``key``'s final gap (%) against the AdamW-HSDP run of its seed, with seeds 42 and 7."""
+    return [100 * (runs[f"{key}{tail}"]["final_eval_loss"] / runs[f"adamw lr=0.003{tail}"]["final_eval_loss"] - 1)
+            for tail in ("", " seed=7")]
 
 
 def _mean_gap(runs: dict, key: str) -> float:
     """The mean over seeds 42 and 7 of run ``key``'s final gap against the AdamW-HSDP run of its seed."""
-    return sum(100 * (runs[f"{key}{tail}"]["final_eval_loss"] / runs[f"adamw lr=0.003{tail}"]["final_eval_loss"] - 1)
-               for tail in ("", " seed=7")) / 2
+    return sum(_seed_gaps(runs, key)) / 2
 
 
 def test_the_headline_short_run_gaps_are_the_json():
@@ -583,24 +588,17 @@ def test_the_bits_at_two_nodes_table_is_the_json():
             cells = f"| {run['final_eval_loss']:.3f} | {gap:+.2f} % | {run['bytes_sent']['bits_per_param_sent']:.3g} |"
         assert sum(line.startswith(f"| `{key}` |") and line.endswith(cells) for line in lines) == 1, key
 
-    def gaps(key: str) -> list[float]:
-        return [100 * (bits["runs"][key + tail]["final_eval_loss"] / adamw[seed] - 1) for seed, tail in
-                ((None, ""), (7, " seed=7"))]
-
-    defaults, decay = gaps("flexdemo lr=0.003"), gaps("flexdemo lr=0.003 feedback_decay=0.95")
+    defaults = _seed_gaps(bits["runs"], "flexdemo lr=0.003")
+    decay = _seed_gaps(bits["runs"], "flexdemo lr=0.003 feedback_decay=0.95")
     assert (f"**At 2,000 steps the defaults are +{sum(defaults) / 2:.2f} % on the mean of two seeds "
             f"(+{defaults[0]:.2f} % and +{defaults[1]:.2f} %), under the 2 % bar") in PROSE
     assert f"`feedback_decay=0.95` is +{sum(decay) / 2:.2f} % (+{decay[0]:.2f} % and +{decay[1]:.2f} %)" in PROSE
-    later = gaps("flexdemo lr=0.003 outer_delay=2")
+    later = _seed_gaps(bits["runs"], "flexdemo lr=0.003 outer_delay=2")
     quick = result("sweep_outer_delay")
     assert quick["git_commit"].startswith("3d9ae8b") and not quick["git_dirty"]
     assert "at commit 3d9ae8b from a clean tree, AMD EPYC; `convergence.py --quick`" in PROSE
-    short = {}
-    for tail in ("", " outer_delay=2"):
-        short[tail] = [100 * (quick["runs"][f"flexdemo lr=0.003{tail}{seed}"]["final_eval_loss"]
-                              / quick["runs"][f"adamw lr=0.003{seed}"]["final_eval_loss"] - 1)
-                       for seed in ("", " seed=7")]
-    (one, two), (one_late, two_late) = short[""], short[" outer_delay=2"]
+    one, two = _seed_gaps(quick["runs"], "flexdemo lr=0.003")
+    one_late, two_late = _seed_gaps(quick["runs"], "flexdemo lr=0.003 outer_delay=2")
     assert (f"`outer_delay=2` +{one_late:.2f} % / +{two_late:.2f} % (mean +{(one_late + two_late) / 2:.2f} %) "
             f"against +{one:.2f} % / +{two:.2f} % (mean +{(one + two) / 2:.2f} %) landing after one step") in PROSE
     assert (f"It is +{sum(later) / 2:.2f} % on the mean of two seeds (+{later[0]:.2f} % and +{later[1]:.2f} %), where "
