@@ -303,12 +303,15 @@ GRIDS: dict[str, dict[str, Any]] = {
     },
     # The same at 300 steps (the smoke test), side by side on one machine: AdamW-HSDP, the defaults, and each
     # fragment's exchange landing after the two steps until its next one starts (outer_delay 2), two seeds each.
+    # Then rounds of 4 (their fragments' exchanges land after one step either way): whether a short run wants
+    # shorter rounds, so that H resolved from the run's length serves both horizons.
     "outer_delay": {
         "argv": QUICK,
         "pin": LANDING_NEXT,
         "runs": [
             *(_run(method, 3e-3, **knobs, **seed) for seed in ({}, {"seed": 7})
               for method, knobs in (("adamw", {}), ("flexdemo", {}), ("flexdemo", {"outer_delay": 2}))),
+            *(_run("flexdemo", 3e-3, local_steps=4, **seed) for seed in ({}, {"seed": 7})),
         ],
     },
     # At the package defaults: "delayed" is one step stale. ("backward" is "none"'s update, bit for bit, tested
