@@ -17,6 +17,7 @@ header, and each run its invocation's index (``invocation``), so a run names the
     python benchmarks/sweep.py nodes_weak # ... with the batch per node fixed (weak scaling) at R = 8, 4
     python benchmarks/sweep.py nodes_leader  # replicator="leader" at R = 8, 4, 2 nodes, 2,000 steps
     python benchmarks/sweep.py bits       # the defaults and half their bits or less at 2 nodes, 2,000 steps
+    python benchmarks/sweep.py rounds_by_length  # rounds of 4 and 8 at 1,000 steps, two seeds
     python benchmarks/sweep.py levers --only "flexdemo lr=0.003 compression_feedback=0.2 momentum=ema"
 """
 
@@ -312,6 +313,15 @@ GRIDS: dict[str, dict[str, Any]] = {
             *(_run(method, 3e-3, **knobs, **seed) for seed in ({}, {"seed": 7})
               for method, knobs in (("adamw", {}), ("flexdemo", {}), ("flexdemo", {"outer_delay": 2}))),
             *(_run("flexdemo", 3e-3, local_steps=4, **seed) for seed in ({}, {"seed": 7})),
+        ],
+    },
+    # Rounds of 4 against the defaults' 8 at 1,000 steps, two seeds: where between the smoke test (rounds of 4 ahead by
+    # a point) and the 2,000-step horizon (the defaults within 2 %) a run's length would switch them.
+    "rounds_by_length": {
+        "argv": LONG,
+        "runs": [
+            *(_run(method, 3e-3, **knobs, **seed) for seed in ({}, {"seed": 7})
+              for method, knobs in (("adamw", {}), ("flexdemo", {}), ("flexdemo", {"local_steps": 4}))),
         ],
     },
     # At the package defaults: "delayed" is one step stale. ("backward" is "none"'s update, bit for bit, tested
