@@ -226,7 +226,7 @@ def main() -> None:
         result = {
             "method": args.method,
             "lr": args.lr,
-            "flexdemo_config": asdict(args.flexdemo),
+            "flexdemo_config": asdict(trainer.flexdemo_config),  # local_steps resolved for the run
             "topology": topology.as_dict(),
             "parameters": parameters,
             "vocab_size": len(tokenizer),

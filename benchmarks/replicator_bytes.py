@@ -158,8 +158,9 @@ def main() -> None:
     parser.add_argument("--value_dtype", default="auto", choices=("auto", *VALUE_DTYPES),
                         help="wire type of the values (auto, the package default: for demo int2 with local steps, "
                              "float8 step-wise; bfloat16 for random, whose all-reduce adds values)")
-    parser.add_argument("--local_steps", type=int, default=knobs.DEFAULTS["local_steps"],
-                        help="H: FlexDeMo exchanges every H steps (package default); 1: the step-wise mode")
+    parser.add_argument("--local_steps", type=int, default=knobs.resolve_local_steps(None),
+                        help="H: FlexDeMo exchanges every H steps (default: the package's choice for a "
+                             "run of unknown or long length); 1: the step-wise mode")
     parser.add_argument("--outer_fragments", type=int, default=knobs.DEFAULTS["outer_fragments"],
                         help="fragments of a round (default: the package's choice for --local_steps)")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "replicator_bytes.json")

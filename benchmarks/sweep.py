@@ -75,6 +75,9 @@ def _local(steps: int, *, rate: float = 1 / 4, value_dtype: str = "int2", **knob
 # started unless a run said outer_delay (the default now travels until the next fragment's starts: 2 at H = 8).
 MEAN_OUTER = {"outer_lr": 1.0}
 LANDING_NEXT = {"outer_delay": 1}
+# Grid "outer_delay" (300 steps) ran the default rounds of 8 before local_steps=None followed the run's length (rounds
+# of 4 under 1,000 steps now).
+ROUNDS_OF_8 = {"local_steps": 8}
 STEP_WISE = {"local_steps": 1}
 FIRST_DEFAULTS = {**STEP_WISE, "momentum": "lr", "consensus": "choosers", "value_dtype": "bfloat16",
                   "compression_chunk": 8}
@@ -308,7 +311,7 @@ GRIDS: dict[str, dict[str, Any]] = {
     # shorter rounds, so that H resolved from the run's length serves both horizons.
     "outer_delay": {
         "argv": QUICK,
-        "pin": LANDING_NEXT,
+        "pin": {**LANDING_NEXT, **ROUNDS_OF_8},
         "runs": [
             *(_run(method, 3e-3, **knobs, **seed) for seed in ({}, {"seed": 7})
               for method, knobs in (("adamw", {}), ("flexdemo", {}), ("flexdemo", {"outer_delay": 2}))),

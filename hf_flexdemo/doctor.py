@@ -93,11 +93,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--step_seconds", type=float, default=1.0, help="a training step's time, for --parameters")
     parser.add_argument("--nodes", type=int, default=None, help="with --parameters: estimate for this many nodes "
                         "and exit, without launching (default: the launched topology's)")
+    parser.add_argument("--max_steps", type=int, default=None, help="with --parameters: the run's length (the "
+                        "defaults' rounds follow it: a run under 1,000 steps sends twice the bits; default: long)")
     args = parser.parse_args(argv)
     if args.nodes is not None:
         if args.parameters is None:
             parser.error("--nodes needs --parameters (the model's parameter count)")
-        print(link_estimate(args.parameters, args.step_seconds, args.nodes).describe())
+        print(link_estimate(args.parameters, args.step_seconds, args.nodes, max_steps=args.max_steps).describe())
         return
 
     device_type = default_device_type()
@@ -142,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
                   f"bandwidth {measured:.1f} Mbit/s per rank ({args.megabytes:g} MB all-gather), "
                   f"{measured * len(rows[0]):.1f} Mbit/s per node")
             if args.parameters is not None:
-                estimate = link_estimate(args.parameters, args.step_seconds, len(cols[0]))
+                estimate = link_estimate(args.parameters, args.step_seconds, len(cols[0]), max_steps=args.max_steps)
                 print(estimate.describe())
                 if measured * len(rows[0]) < estimate.needed_mbits:
                     print("  note: the measured link is slower: the steps will wait on the exchange (raise "

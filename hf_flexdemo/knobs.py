@@ -41,6 +41,9 @@ DEFAULT_RATE = 1 / 4  # the rate used when neither compression_rate, compression
 DEFAULT_CHUNK = 32
 SCALED_VALUE_DTYPES = ("float8", "int4", "int2")  # a scale per block: demo's all-gather only, not random's sum
 MAX_AUTO_DELAY = 2  # outer_delay=None's longest: the delay measured at no loss cost (docs/results.md)
+# local_steps=None's choice: rounds of LONG_RUN_LOCAL_STEPS, or of SHORT_RUN_LOCAL_STEPS for a run known to be shorter
+# than SHORT_RUN_STEPS steps (docs/results.md "Bits at 2 nodes over 2,000 steps")
+LONG_RUN_LOCAL_STEPS, SHORT_RUN_LOCAL_STEPS, SHORT_RUN_STEPS = 8, 4, 1000
 BOTH: tuple[str, ...] = get_args(Mode)
 LOCAL: tuple[str, ...] = ("local",)
 STEP_WISE: tuple[str, ...] = ("step-wise",)
@@ -137,11 +140,14 @@ KNOBS: tuple[Knob, ...] = (
          "leaders and first positions (the same on every replica).",
          policy="compression", field="seed", ok=lambda v: _integer(v) and v >= 0, accepted="an integer >= 0"),
     # ---- local steps, the default mode (OuterPolicy; local_steps itself is a keyword)
-    Knob("local_steps", 8, int, "Local steps H: each node takes H AdamW steps on its own (no traffic), then the "
-         "pseudo-gradient (anchor - local) enters error feedback, is compressed by the replicator and exchanged "
-         "once, and every node restarts from the updated anchor (DiLoCo / SparseLoCo). 1: exchange every step "
-         "(FlexDeMo's step-wise mode, preset='step-wise').", ok=lambda v: _integer(v) and v >= 1,
-         accepted="an integer >= 1 (1: exchange every step)"),
+    Knob("local_steps", None, int | None, "Local steps H: each node takes H AdamW steps on its own (no traffic), "
+         "then the pseudo-gradient (anchor - local) enters error feedback, is compressed by the replicator and "
+         "exchanged once, and every node restarts from the updated anchor (DiLoCo / SparseLoCo). 1: exchange every "
+         "step (FlexDeMo's step-wise mode, preset='step-wise'). None (the default): 8, or 4 for a run the Trainer "
+         "knows to be shorter than 1,000 steps (its max_steps, or the steps its epochs take), resolved when the "
+         "optimizer is built: short runs lose less with shorter rounds, at twice the bits.",
+         ok=lambda v: v is None or (_integer(v) and v >= 1),
+         accepted="None (the package's choice) or an integer >= 1 (1: exchange every step)"),
     Knob("outer_lr", None, float | None, "The anchor moves by outer_lr times the replicas' mean pseudo-gradient. None "
          "(the default): sqrt(R / 2) on R nodes, at least 1 (1 at 2 nodes, 1.41 at 4, 2 at 8), resolved at "
          "construction and again on a resume on other nodes: the mean of R AdamW updates, each on 1/R of the "
@@ -247,12 +253,13 @@ PRESETS: dict[str, dict[str, Any]] = {
                    "momentum_decay": 0.999},
 }
 PRESET_HELP = ("A named set of knob values applied to the knobs left at their default: default (the package's "
-               "measured defaults: local_steps=8, top-k of the values, int2, streamed in 4 fragments), step-wise "
-               "(local_steps=1: a compressed momentum exchange every step, DCT, float8 values), flexdemo-paper (the "
-               "FlexDeMo authors' rule: momentum=lr, update=sign, consensus=choosers, 4 of each 8 x 8 block, float32 "
-               "values), demo-paper (DeMo's defaults: 32 of each 64 x 64 block, sign, float32 values); the paper "
-               "presets are step-wise. A knob set to anything but its default overrides the preset, except a "
-               "local_steps that contradicts a step-wise preset, which is refused.")
+               "measured defaults: local_steps=None (8, or 4 in a run under 1,000 steps), top-k of the values, int2, "
+               "streamed in 4 fragments), step-wise (local_steps=1: a compressed momentum exchange every step, DCT, "
+               "float8 values), flexdemo-paper (the FlexDeMo authors' rule: momentum=lr, update=sign, "
+               "consensus=choosers, 4 of each 8 x 8 block, float32 values), demo-paper (DeMo's defaults: 32 of each "
+               "64 x 64 block, sign, float32 values); the paper presets are step-wise. A knob set to anything but its "
+               "default overrides the preset, except a local_steps that contradicts a step-wise preset, which is "
+               "refused.")
 # Knobs that define what a preset is: a caller's value that contradicts the preset's is refused, not kept (the
 # step-wise and the paper presets exchange every step; local steps would be another mode under the preset's name).
 PRESET_DEFINING: tuple[str, ...] = ("local_steps",)
@@ -323,13 +330,25 @@ def resolve_outer_delay(outer_delay: int | None, local_steps: int, overlap: str,
     return min(local_steps // fragments, MAX_AUTO_DELAY)
 
 
-def resolve(values: dict[str, Any]) -> dict[str, Any]:
-    """``values`` with every knob left to the package's choice (``"auto"``, or ``None`` for ``outer_fragments``)
-    replaced by that choice, so that a state_dict, a model card or a results JSON records what actually ran."""
-    local = values["local_steps"]
+def resolve_local_steps(local_steps: int | None, max_steps: int | None = None) -> int:
+    """``local_steps=None``'s choice for a run of ``max_steps`` steps (``None``: not known, as for an optimizer built
+    by hand): :data:`SHORT_RUN_LOCAL_STEPS` under :data:`SHORT_RUN_STEPS` steps, else :data:`LONG_RUN_LOCAL_STEPS`
+    (docs/results.md "Bits at 2 nodes over 2,000 steps"); any other value as given."""
+    if local_steps is not None:
+        return local_steps
+    short = max_steps is not None and 0 < max_steps < SHORT_RUN_STEPS
+    return SHORT_RUN_LOCAL_STEPS if short else LONG_RUN_LOCAL_STEPS
+
+
+def resolve(values: dict[str, Any], max_steps: int | None = None) -> dict[str, Any]:
+    """``values`` with every knob left to the package's choice (``"auto"``, or ``None``) replaced by that choice for
+    a run of ``max_steps`` steps (``None``: not known), so that a state_dict, a model card or a results JSON records
+    what actually ran."""
+    local = resolve_local_steps(values["local_steps"], max_steps)
     overlap = ("delayed" if local > 1 else "none") if values["overlap"] == "auto" else values["overlap"]
     fragments = resolve_outer_fragments(values["outer_fragments"], local, overlap, values["outer_delay"])
-    return {**values, "value_dtype": resolve_value_dtype(values["value_dtype"], values["replicator"], local),
+    return {**values, "local_steps": local,
+            "value_dtype": resolve_value_dtype(values["value_dtype"], values["replicator"], local),
             "compression_transform": resolve_transform(values["compression_transform"], local),
             "overlap": overlap, "outer_fragments": fragments,
             "outer_delay": resolve_outer_delay(values["outer_delay"], local, overlap, fragments)}
@@ -343,9 +362,15 @@ def with_default_rate(values: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
-def mode_of(local_steps: int) -> str:
-    """The mode ``local_steps`` selects: ``"local"`` (H > 1) or ``"step-wise"`` (1)."""
-    return "local" if local_steps > 1 else "step-wise"
+def mode_of(local_steps: int | None) -> str:
+    """The mode ``local_steps`` selects: ``"local"`` (H > 1, or ``None``: H resolved from the run's length, always
+    > 1) or ``"step-wise"`` (1)."""
+    return "local" if local_steps is None or local_steps > 1 else "step-wise"
+
+
+def _local_mode(knobs: Mapping[str, Any]) -> bool:
+    """Whether ``knobs`` set local steps (``local_steps`` present, and ``None`` or > 1)."""
+    return "local_steps" in knobs and mode_of(knobs["local_steps"]) == "local"
 
 
 def validate(knobs: Mapping[str, Any]) -> None:
@@ -372,7 +397,7 @@ def validate(knobs: Mapping[str, Any]) -> None:
     check(get("value_dtype") in ("auto", "int2", "int4", None) or get("replicator") != "leader", "value_dtype",
           get("value_dtype"), "'auto' | 'int2' | 'int4' with replicator='leader' (its all-reduce sums codes on a "
           "shared scale), or replicator='demo' for float8 | bfloat16 | float32")
-    if get("local_steps", 1) > 1:
+    if _local_mode(knobs):
         check(get("overlap") in ("auto", "none", "delayed", None), "overlap", get("overlap"),
               f"'auto' | 'none' | 'delayed' with local_steps={get('local_steps')} (the exchange runs once a round, "
               "from step(): waited for there, or travelling during the next round); overlap='backward' needs "
@@ -380,10 +405,10 @@ def validate(knobs: Mapping[str, Any]) -> None:
         check(get("budget_fraction") is None, "budget_fraction", get("budget_fraction"),
               f"None with local_steps={get('local_steps')} (a time budget measures every step's exchange); a time "
               "budget needs local_steps=1 (preset='step-wise')")
-        delay = get("outer_delay") or 1
-        check(get("overlap") not in ("delayed", "auto") or delay <= get("local_steps"), "outer_delay",
-              get("outer_delay"), f"1 <= outer_delay <= local_steps={get('local_steps')} (the exchange lands within "
-              "the next round)")
+        delay, local = get("outer_delay") or 1, resolve_local_steps(get("local_steps"), 1)  # None: at least the short
+        check(get("overlap") not in ("delayed", "auto") or delay <= local, "outer_delay",
+              get("outer_delay"), f"1 <= outer_delay <= local_steps={local} (the exchange lands within the next "
+              "round)")
     _check_fragments(knobs)
     _check_mode(knobs)
     _check_no_effect(knobs)
@@ -429,7 +454,7 @@ _MODE_FIX = {"local": "set local_steps=H > 1", "step-wise": "set local_steps=1 (
 def _check_mode(knobs: Mapping[str, Any]) -> None:
     """A knob set away from its default that the mode ``local_steps`` selects does not read (:attr:`Knob.modes`):
     refused, rather than accepted and ignored."""
-    if knobs.get("local_steps") is None:
+    if "local_steps" not in knobs:
         return
     mode = mode_of(knobs["local_steps"])
     resolved = resolve({**DEFAULTS, "local_steps": knobs["local_steps"]})  # a default's choice in this mode
@@ -445,8 +470,7 @@ def _check_mode(knobs: Mapping[str, Any]) -> None:
 def _check_no_effect(knobs: Mapping[str, Any]) -> None:
     """Knobs set away from their default where the mode reads them but nothing else they depend on lets them act
     (those present): refused, as a knob of the other mode is (:func:`_check_mode`)."""
-    local, overlap = knobs.get("local_steps"), knobs.get("overlap")
-    if local is not None and local > 1 and overlap == "none" and knobs.get("outer_delay") not in (None, 1):
+    if _local_mode(knobs) and knobs.get("overlap") == "none" and knobs.get("outer_delay") not in (None, 1):
         check(False, "outer_delay", knobs["outer_delay"], f"{DEFAULTS['outer_delay']!r} (the default) or 1 with "
               "overlap='none': each round's exchange is waited for in step(), and outer_delay is how many inner steps "
               "a streamed one travels; set overlap='delayed' (or 'auto') to stream")

@@ -92,7 +92,7 @@ def recipe_defaults(task: str, given: dict[str, Any]) -> dict[str, Any]:
     if not set(PHASES) & set(given):
         defaults |= {"do_train": True, "do_eval": True}
     if data_args.uses_number_words:
-        if flexdemo_config.method == "adamw" or flexdemo_config.local_steps > 1:  # local steps: AdamW inside
+        if flexdemo_config.method == "adamw" or knobs.mode_of(flexdemo_config.local_steps) == "local":  # AdamW inside
             lr = NUMBER_WORDS_ADAMW_LR
         elif flexdemo_config.momentum in ("avg", "adam"):
             lr = NUMBER_WORDS_ADAM_LR
@@ -223,6 +223,7 @@ def _format_metric(key: str, value: float) -> str:
 def _method_description(config: FlexDeMoConfig) -> str:
     if config.method == "adamw":
         return "adamw (torch AdamW, dense gradient all-reduce)"
+    config = config.for_run(None)  # the trainer's is resolved for the run's length; a long run's otherwise
     kept = (f"top-{config.compression_topk}" if config.compression_topk is not None
             else f"rate {config.compression_rate or DEFAULT_RATE:g}")
     fragments = f" in {config.outer_fragments} fragments" if config.outer_fragments > 1 else ""
@@ -350,7 +351,7 @@ def main(task: str) -> None:
     print(
         run_summary(
             task, data_description, splits, describe_model(model_args, model, tokenizer), training_args,
-            flexdemo_config, train_metrics, eval_metrics, trainer.state, len(tokenizer), predict_metrics,
+            trainer.flexdemo_config, train_metrics, eval_metrics, trainer.state, len(tokenizer), predict_metrics,
         )
     )
 

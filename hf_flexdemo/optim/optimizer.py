@@ -1,10 +1,11 @@
 """FlexDeMo: local steps between nodes, FSDP2 inside them, and a compressed, error-fed exchange.
 
-The default path, ``local_steps=8`` (:mod:`hf_flexdemo.optim.local_steps`): every node takes local AdamW steps on its
-FSDP2 shards, with no traffic; every 8 steps a node's pseudo-gradient (where it went since the last consensus)
-enters error feedback, its largest quarter per block travels in 2-bit values, and every node restarts from the
-consensus. The exchange is streamed: it starts at a round's end and lands a step later, a quarter of the model at a
-time (``outer_fragments``), so the link is busy evenly and hides behind compute. ``local_steps=1``
+The default path, local steps (:mod:`hf_flexdemo.optim.local_steps`): every node takes local AdamW steps on its FSDP2
+shards, with no traffic; every 8 steps (4 in a run the Trainer knows to be short) a node's pseudo-gradient (where it
+went since the last consensus) enters error feedback, its largest quarter per block travels in 2-bit values, and
+every node restarts from the consensus. The exchange is streamed, a quarter of the model at a time
+(``outer_fragments``): each fragment's starts at its round's end and lands when the next fragment's starts, so the
+link is busy evenly and hides behind compute. ``local_steps=1``
 (``preset="step-wise"``, :mod:`hf_flexdemo.optim.stepwise`) exchanges the compressed momentum every step, as FlexDeMo
 does; a single node trains as torch's AdamW (:mod:`hf_flexdemo.optim.one_replica`).
 
@@ -67,7 +68,8 @@ class FlexDeMo(StateDictMixin, DriftChecking, Optimizer):
             default: the 1-D device mesh of the ``DTensor`` parameters, ``None`` for plain tensors.
         preset: a named set of knob values (:data:`hf_flexdemo.knobs.PRESETS`: ``"step-wise"``,
             ``"flexdemo-paper"``, ``"demo-paper"``) for the knobs left at their default.
-        local_steps: AdamW steps each node takes between two exchanges (1: the step-wise mode).
+        local_steps: AdamW steps each node takes between two exchanges (1: the step-wise mode; ``None``: 8, the
+            choice for a run of unknown length; ``FlexDeMoTrainer`` resolves it from the run's, 4 under 1,000 steps).
         overlap: when the exchange runs (``"auto"``: streamed with local steps, in ``step()`` step-wise).
         bucket_cap_mb: the exchange bucket size, as DDP's.
         compression: what travels (:class:`~hf_flexdemo.policies.CompressionPolicy`; ``None``: the defaults).
@@ -91,7 +93,7 @@ class FlexDeMo(StateDictMixin, DriftChecking, Optimizer):
         replicate_group: dist.ProcessGroup | None = None,
         shard_group: dist.ProcessGroup | None = None,
         preset: Preset = "default",
-        local_steps: int = DEFAULTS["local_steps"],
+        local_steps: int | None = DEFAULTS["local_steps"],
         overlap: Overlap = DEFAULTS["overlap"],
         bucket_cap_mb: float = DEFAULTS["bucket_cap_mb"],
         compression: CompressionPolicy | None = None,

@@ -108,8 +108,18 @@ def _post_init(self: Any) -> None:
                          "method='flexdemo' to shard inside nodes.")
     preset = knobs.apply_preset(self.flexdemo_preset, self.optimizer_kwargs(), field="flexdemo_preset")
     knobs.validate(preset)
-    for key, value in knobs.resolve(preset).items():
-        setattr(self, key, value)  # the fields show the knobs in use (model card, results JSONs)
+    # the fields show the knobs in use (model card, results JSONs); with local_steps left to the run's length, once
+    # the Trainer knows it (for_run): the knobs that follow from local_steps wait for it
+    for key, value in (preset if preset["local_steps"] is None else knobs.resolve(preset)).items():
+        setattr(self, key, value)
+
+
+def _for_run(self: Any, max_steps: int | None) -> Any:
+    """This config for a run of ``max_steps`` steps (``None``: not known): ``local_steps=None`` and the knobs that
+    follow from it resolved (:func:`hf_flexdemo.knobs.resolve_local_steps`); itself when nothing waits for it."""
+    if self.method == "adamw" or self.local_steps is not None:
+        return self
+    return dataclasses.replace(self, local_steps=knobs.resolve_local_steps(None, max_steps))
 
 
 def _optimizer_kwargs(self: Any) -> dict[str, Any]:
@@ -121,7 +131,8 @@ FlexDeMoConfig = dataclasses.make_dataclass(
     "FlexDeMoConfig",
     [*_SETUP_BEFORE, *((knob.name, knob.type, field(default=knob.default, metadata={"help": knob.help}))
                        for knob in knobs.KNOBS if knob.name in KNOB_FIELDS), *_SETUP_AFTER],
-    namespace={"__post_init__": _post_init, "optimizer_kwargs": _optimizer_kwargs, "__module__": __name__,
+    namespace={"__post_init__": _post_init, "optimizer_kwargs": _optimizer_kwargs, "for_run": _for_run,
+               "__module__": __name__,
                "_argument_group_name": "FlexDeMo",  # HfArgumentParser's --help heading for these flags
                "__doc__": """How to train across nodes. ``method`` picks the whole setup; the rest tunes FlexDeMo.
 

@@ -63,6 +63,7 @@ def training_mode(config: FlexDeMoConfig, replicas: int, fragments: int | None =
     ``replicas`` nodes; a run resumed on other nodes keeps its checkpoint's)."""
     if config.method != "flexdemo":
         return config.method
+    config = config.for_run(None)  # local_steps=None not yet resolved for a run (no train() yet): a long run's
     if config.local_steps == 1:
         return "compressed momentum exchange every step"
     fragments = config.outer_fragments if fragments is None else fragments
@@ -93,6 +94,7 @@ def knobs_in_force(config: FlexDeMoConfig, topology: Topology, optimizer: FlexDe
     """The knobs that shaped the run: those that define its mode (and, where one ran, its wire), then every other
     one set away from the default it has in that mode; knobs that did not run (a budget's bounds without a budget,
     the wire on one node) are left out unless set."""
+    config = config.for_run(None)  # local_steps=None not yet resolved for a run (no train() yet): a long run's
     shown: dict[str, Any] = {"method": config.method}
     if config.method == "adamw":
         shown["reduce_dtype"] = config.reduce_dtype

@@ -39,6 +39,7 @@ from transformers import Seq2SeqTrainer, Trainer, TrainingArguments
 from transformers.training_args import OptimizerNames
 from transformers.utils import logging as hf_logging
 
+from .. import knobs
 from ..optim.mesh import group_timeout, init_process_group, launcher_shard_size, shard_model
 from ..optim.optimizer import FlexDeMo
 from ..policies import from_knobs
@@ -151,6 +152,8 @@ class FlexDeMoTrainer(ConsensusModel, CheckpointHooks, Trainer):
         training_args: TrainingArguments | None = kwargs.get("args", args[1] if len(args) > 1 else None)
         if training_args is None:
             raise ValueError("FlexDeMoTrainer needs args=TrainingArguments(...).")
+        if training_args.max_steps > 0:  # the run's length known now: local_steps=None resolves before the checks
+            self._resolve_for_run(training_args.max_steps)
         self._init_distributed(training_args)
         self._check_arguments(training_args, _trainer_arguments(super().__init__, args, kwargs))
         shard_size = 1 if self.flexdemo_config.method == "demo" else self.flexdemo_config.shard_size
@@ -300,7 +303,24 @@ class FlexDeMoTrainer(ConsensusModel, CheckpointHooks, Trainer):
             return mesh["dp_replicate"].get_group()
         return dist.group.WORLD  # no sharding: every rank is a replica
 
+    def _resolve_for_run(self, max_steps: int | None) -> None:
+        """Resolve ``local_steps=None`` for a run of ``max_steps`` steps (``None``: not known), and log the choice."""
+        if self.flexdemo_config.for_run(max_steps) is self.flexdemo_config:
+            return
+        self.flexdemo_config = self.flexdemo_config.for_run(max_steps)
+        if int(os.environ.get("RANK", "0")) != 0:  # once per run, as Trainer's own summary
+            return
+        length = f"a run of {max_steps} steps" if max_steps else "a run of unknown length"
+        logger.info(f"FlexDeMo: local_steps=None resolved to {self.flexdemo_config.local_steps} for {length} (rounds "
+                    f"of {knobs.SHORT_RUN_LOCAL_STEPS} under {knobs.SHORT_RUN_STEPS} steps, else "
+                    f"{knobs.LONG_RUN_LOCAL_STEPS}).")
+
+    def create_optimizer_and_scheduler(self, num_training_steps: int) -> None:
+        self._resolve_for_run(num_training_steps)  # with epochs, the run's length is known from here on
+        super().create_optimizer_and_scheduler(num_training_steps)
+
     def create_optimizer(self, model: torch.nn.Module | None = None) -> torch.optim.Optimizer:
+        self._resolve_for_run(None)  # built outside train(): a length the Trainer does not know
         if self.optimizer is None and self.flexdemo_config.method != "adamw":
             self.optimizer_cls_and_kwargs = (FlexDeMo, {
                 "lr": self.args.learning_rate,

@@ -7,7 +7,8 @@ behind compute carries one fragment's payload in ``outer_delay`` step times (the
 the round's payload over ``local_steps`` steps. An all-gather (``replicator="demo"``) puts ``R - 1`` payloads on each
 node's link in each direction, so both grow with the number of nodes ``R``.
 
-The payload is computed for the knobs' resolved defaults (or the given knobs) on square ``side x side`` matrices,
+The payload is computed for the knobs' resolved defaults (or the given knobs; ``local_steps=None`` for a run of
+``max_steps`` steps: a short run's rounds of 4 send twice a long run's bits) on square ``side x side`` matrices,
 which is what a transformer's weights are to within their block layout; measured bytes equal the same formulas
 (``flexdemo/bits_per_param_sent`` in a run's logs).
 """
@@ -42,20 +43,21 @@ class LinkEstimate:
                 f"{self.needed_mbits:,.0f} Mbit/s per direction")
 
 
-def resolved(overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The knobs in force: the defaults with ``overrides``, validated and resolved (``"auto"``, ``None``)."""
+def resolved(overrides: dict[str, Any] | None = None, max_steps: int | None = None) -> dict[str, Any]:
+    """The knobs in force for a run of ``max_steps`` steps (``None``: not known): the defaults with ``overrides``,
+    validated and resolved (``"auto"``, ``None``)."""
     values = {**knobs.DEFAULTS, **(overrides or {})}
     knobs.validate(values)
-    return knobs.resolve(knobs.with_default_rate(values))
+    return knobs.resolve(knobs.with_default_rate(values), max_steps)
 
 
-def payload_bits_per_param(nodes: int, overrides: dict[str, Any] | None = None, *, side: int = 4096) -> tuple[float,
-                                                                                                            float]:
+def payload_bits_per_param(nodes: int, overrides: dict[str, Any] | None = None, *, side: int = 4096,
+                           max_steps: int | None = None) -> tuple[float, float]:
     """A node's bits per parameter per step, and per parameter per exchange of one fragment, sent (and received)
-    over ``nodes`` nodes at the knobs in force."""
+    over ``nodes`` nodes at the knobs in force for a run of ``max_steps`` steps."""
     if nodes < 2:
         return 0.0, 0.0
-    values = resolved(overrides)
+    values = resolved(overrides, max_steps)
     totals = ShardTotals.of([(side, side)], rate=values["compression_rate"], topk=values["compression_topk"],
                             chunk=values["compression_chunk"], value_dtype=values["value_dtype"])
     exchange = REGISTRY[values["replicator"]].step_bytes(totals, nodes, value_dtype=values["value_dtype"],
@@ -65,12 +67,13 @@ def payload_bits_per_param(nodes: int, overrides: dict[str, Any] | None = None, 
     return per_step, exchange / fragments
 
 
-def link_estimate(parameters: float, step_seconds: float, nodes: int,
-                  overrides: dict[str, Any] | None = None) -> LinkEstimate:
+def link_estimate(parameters: float, step_seconds: float, nodes: int, overrides: dict[str, Any] | None = None, *,
+                  max_steps: int | None = None) -> LinkEstimate:
     """The link a node needs for ``parameters`` at ``step_seconds`` per step on ``nodes`` nodes (see the module
-    docstring); ``overrides``: knobs other than the defaults, by their flat names."""
-    per_step, per_fragment = payload_bits_per_param(nodes, overrides)
-    values = resolved(overrides)
+    docstring); ``overrides``: knobs other than the defaults, by their flat names; ``max_steps``: the run's length
+    (``None``: not known, a long run's rounds)."""
+    per_step, per_fragment = payload_bits_per_param(nodes, overrides, max_steps=max_steps)
+    values = resolved(overrides, max_steps)
     window = step_seconds * (values["outer_delay"] if values["local_steps"] > 1 else 1)
     return LinkEstimate(parameters, step_seconds, nodes, per_step, per_step * parameters / step_seconds / 1e6,
                         per_fragment * parameters / window / 1e6)

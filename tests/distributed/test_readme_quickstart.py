@@ -48,8 +48,8 @@ def test_the_causal_lm_quickstart_runs_as_written(tmp_path):
     losses = logged(out, "loss")
     assert len(losses) == 6 and losses[-1] < 0.5 * losses[0], losses  # it learns
     assert all(v > 0 for v in logged(out, "flexdemo/bytes_sent"))  # the two nodes exchange
-    assert min(logged(out, "flexdemo/compression_ratio")) > 40
-    assert logged(out, "flexdemo/outer_rounds")[-1] == 6  # 48 steps in rounds of 8
+    assert min(logged(out, "flexdemo/compression_ratio")) > 35  # rounds of 4: about 41 x fewer bytes than bf16
+    assert logged(out, "flexdemo/outer_rounds")[-1] == 12  # 48 steps in rounds of 4, the defaults' under 1,000 steps
     assert logged(out, "flexdemo/final_round_bytes_sent")  # the end-of-run landing
     model = LlamaForCausalLM.from_pretrained(tmp_path / "quickstart-out")  # the README's comment
     assert model.config.vocab_size == 256

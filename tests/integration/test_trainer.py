@@ -153,6 +153,23 @@ def test_one_process_trains_and_checkpoints(tmp_path):
     assert "## FlexDeMo training" in card and "1 node(s) x 1 process(es)" in card
 
 
+@pytest.mark.parametrize(("length", "rounds"), [({"max_steps": 6}, 4), ({"num_train_epochs": 1}, 4),
+                                               ({"max_steps": 1000}, 8)])
+def test_the_rounds_follow_the_runs_length_in_the_config_the_optimizer_and_the_card(tmp_path, length, rounds):
+    """``local_steps=None``: the Trainer resolves it from ``max_steps``, or from the steps its epochs take once
+    ``train()`` knows them (8 batches of 8 here), before the optimizer is built; the config, the optimizer's options
+    and the model card record the rounds that ran."""
+    args = _args(tmp_path, per_device_train_batch_size=8, save_strategy="no", **length)
+    trainer = FlexDeMoTrainer(model=tiny_t5(), args=args, train_dataset=reverse_task(64))
+    if "max_steps" in length:
+        assert trainer.flexdemo_config.local_steps == rounds  # known up front
+    trainer.create_optimizer_and_scheduler(trainer.args.max_steps if "max_steps" in length else 8)
+    assert trainer.flexdemo_config.local_steps == trainer.flexdemo_optimizer.options["local_steps"] == rounds
+    assert trainer.flexdemo_optimizer.options["outer_delay"] == rounds // 4
+    trainer.create_model_card(model_name="tiny")
+    assert f"  - local_steps: {rounds}\n" in (tmp_path / "README.md").read_text()
+
+
 def test_the_bounded_drift_check_reaches_the_logs(tmp_path):
     args = _args(tmp_path, max_steps=4, per_device_train_batch_size=4, logging_steps=2, save_strategy="no")
     config = FlexDeMoConfig(on_drift="tolerate", drift_check_every=2, replicator="none")  # the emulated wire

@@ -55,6 +55,16 @@ def test_the_link_that_hides_the_exchange_carries_a_fragment_within_the_delay():
     assert link_estimate(1e9, 0.5, 2).needed_mbits == pytest.approx(2 * default.needed_mbits)
 
 
+def test_a_short_run_takes_rounds_of_4_and_needs_twice_the_link():
+    """``local_steps=None`` follows the run's length: under 1,000 steps rounds of 4 (each fragment lands after one
+    step), so twice the bits on the same link window; a long or unknown length, rounds of 8."""
+    long, unknown = link_estimate(1e9, 1.0, 2, max_steps=1000), link_estimate(1e9, 1.0, 2)
+    short = link_estimate(1e9, 1.0, 2, max_steps=999)
+    assert long == unknown and short.bits_per_param == pytest.approx(2 * long.bits_per_param, rel=1e-3)
+    assert short.needed_mbits == pytest.approx(2 * long.needed_mbits, rel=1e-3)
+    assert link_estimate(1e9, 1.0, 2, {"local_steps": 8}, max_steps=300) == long  # a value set is kept
+
+
 def test_fewer_bits_with_more_local_steps_and_bad_knobs_are_refused():
     assert payload_bits_per_param(2, {"local_steps": 16})[0] == pytest.approx(payload_bits_per_param(2)[0] / 2,
                                                                               rel=1e-3)

@@ -100,7 +100,7 @@ def test_config_carries_the_local_steps_knobs():
     config = FlexDeMoConfig(local_steps=4, outer_lr=0.7, outer_momentum=0.9, value_dtype="int2")
     assert {k: config.optimizer_kwargs()[k] for k in ("local_steps", "outer_lr", "outer_momentum")} == {
         "local_steps": 4, "outer_lr": 0.7, "outer_momentum": 0.9}
-    assert knobs.DEFAULTS["local_steps"] == 8 and "local_steps" in knobs.OPTIMIZER_WIDE
+    assert knobs.DEFAULTS["local_steps"] is None and "local_steps" in knobs.OPTIMIZER_WIDE
 
 
 @pytest.mark.parametrize("value_dtype", WIDTHS)
@@ -270,7 +270,7 @@ def test_fragments_left_to_the_package_are_the_most_up_to_4_that_fit(given, chos
     opt = FlexDeMo(mlp().parameters(), **from_knobs(given))
     assert opt.options["outer_fragments"] == chosen
     config = {("flexdemo_preset" if key == "preset" else key): value for key, value in given.items()}
-    assert FlexDeMoConfig(**config).outer_fragments == chosen
+    assert FlexDeMoConfig(**config).for_run(None).outer_fragments == chosen
 
 
 @pytest.mark.parametrize(("given", "chosen"), [
@@ -285,7 +285,7 @@ def test_delay_left_to_the_package_lasts_until_the_next_fragment_starts_at_most_
     opt = FlexDeMo(mlp().parameters(), **from_knobs(given))
     assert opt.options["outer_delay"] == chosen
     config = {("flexdemo_preset" if key == "preset" else key): value for key, value in given.items()}
-    assert FlexDeMoConfig(**config).outer_delay == chosen
+    assert FlexDeMoConfig(**config).for_run(None).outer_delay == chosen
 
 
 @pytest.mark.parametrize(("given", "chosen"), [
@@ -298,7 +298,7 @@ def test_transform_left_to_the_package_is_none_with_local_steps_and_dct_step_wis
     opt = FlexDeMo(mlp().parameters(), **from_knobs(given))
     assert opt.param_groups[0]["compression_transform"] == opt.defaults["compression_transform"] == chosen
     config = {("flexdemo_preset" if key == "preset" else key): value for key, value in given.items()}
-    assert FlexDeMoConfig(**config).compression_transform == chosen
+    assert FlexDeMoConfig(**config).for_run(None).compression_transform == chosen
 
 
 def test_a_groups_own_auto_transform_resolves_too():
@@ -424,8 +424,34 @@ def test_invalid_fragments_name_field_value_accepted_and_fix(given, field, accep
             build()
 
 
+@pytest.mark.parametrize(("max_steps", "rounds", "fragments", "delay"), [
+    (None, 8, 4, 2), (0, 8, 4, 2), (1000, 8, 4, 2), (5000, 8, 4, 2), (999, 4, 4, 1), (300, 4, 4, 1), (1, 4, 4, 1)])
+def test_rounds_left_to_the_package_follow_the_runs_length(max_steps, rounds, fragments, delay):
+    """``local_steps=None`` (the default) is 4 for a run known to be shorter than 1,000 steps and 8 otherwise (a
+    length not known: 8, as the optimizer built by hand takes); the knobs that follow from it wait for it, so a short
+    run's fragments land after one step, a long run's after two."""
+    waiting = FlexDeMoConfig()
+    assert (waiting.local_steps, waiting.outer_fragments, waiting.outer_delay) == (None, None, None)
+    config = waiting.for_run(max_steps)
+    assert (config.local_steps, config.outer_fragments, config.outer_delay) == (rounds, fragments, delay)
+    assert config.overlap == "delayed" and config.value_dtype == "int2" and config.compression_transform == "none"
+    assert config.for_run(300) is config  # resolved once: a later length does not move it
+    assert FlexDeMoConfig(local_steps=16).for_run(max_steps).local_steps == 16  # a value set is kept
+    assert FlexDeMoConfig(flexdemo_preset="step-wise").for_run(max_steps).local_steps == 1
+    assert FlexDeMoConfig(method="adamw").for_run(max_steps).local_steps is None  # the baseline reads no knob
+    assert FlexDeMo(mlp().parameters()).options["local_steps"] == knobs.LONG_RUN_LOCAL_STEPS == 8
+
+
+def test_rounds_left_to_the_package_refuse_what_no_length_fits():
+    """A knob that fits only the long runs' rounds is refused once the length picks the short ones, naming the fix."""
+    config = FlexDeMoConfig(outer_fragments=8)  # a divisor of 8, not of 4
+    assert config.for_run(2000).outer_fragments == 8
+    with pytest.raises(ValueError, match=r"invalid outer_fragments=8; accepted: a divisor of local_steps=4"):
+        config.for_run(300)
+
+
 def test_config_carries_outer_fragments():
-    config = FlexDeMoConfig(outer_fragments=2)
+    config = FlexDeMoConfig(outer_fragments=2).for_run(None)
     assert config.optimizer_kwargs()["outer_fragments"] == 2 and config.overlap == "delayed"
     assert knobs.DEFAULTS["outer_fragments"] is None and "outer_fragments" in knobs.OPTIMIZER_WIDE
 

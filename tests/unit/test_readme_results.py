@@ -536,11 +536,13 @@ def _mean_gap(runs: dict, key: str) -> float:
 
 
 def test_the_headline_short_run_gaps_are_the_json():
-    """The README's and the summary's gap at 300 steps: the defaults (landing two steps after the start), and the
-    default before on the same machine."""
+    """The README's and the summary's gap at 300 steps: the defaults (rounds of 4 under 1,000 steps), rounds of 8
+    landing two steps after the start (the default before), and landing after one step, on the same machine."""
     runs = result("sweep_outer_delay")["runs"]
-    now, before = _mean_gap(runs, "flexdemo lr=0.003 outer_delay=2"), _mean_gap(runs, "flexdemo lr=0.003")
+    now = _mean_gap(runs, "flexdemo lr=0.003 local_steps=4")
+    rounds_of_8, before = _mean_gap(runs, "flexdemo lr=0.003 outer_delay=2"), _mean_gap(runs, "flexdemo lr=0.003")
     assert f"| +{now:.2f} % | – |" in PAGE and f"(mean of two seeds) | +{now:.2f} % | – |" in README
+    assert f"| +{rounds_of_8:.2f} % | – |" in PAGE
     assert f"| +{before:.2f} % / " in PAGE  # then the Xeon's, checked in test_docs.py
 
 
@@ -595,12 +597,19 @@ def test_the_bits_at_two_nodes_table_is_the_json():
     assert f"`feedback_decay=0.95` is +{sum(decay) / 2:.2f} % (+{decay[0]:.2f} % and +{decay[1]:.2f} %)" in PROSE
     later = _seed_gaps(bits["runs"], "flexdemo lr=0.003 outer_delay=2")
     quick = result("sweep_outer_delay")
-    assert quick["git_commit"].startswith("3d9ae8b") and not quick["git_dirty"]
+    commits = [i["git_commit"][:7] for i in quick["invocations"] if not i["git_dirty"]]
+    assert commits == ["3d9ae8b", "f377dc8"] and quick["runs"]["flexdemo lr=0.003 local_steps=4"]["invocation"] == 1
     assert "at commit 3d9ae8b from a clean tree, AMD EPYC; `convergence.py --quick`" in PROSE
     one, two = _seed_gaps(quick["runs"], "flexdemo lr=0.003")
     one_late, two_late = _seed_gaps(quick["runs"], "flexdemo lr=0.003 outer_delay=2")
     assert (f"`outer_delay=2` +{one_late:.2f} % / +{two_late:.2f} % (mean +{(one_late + two_late) / 2:.2f} %) "
             f"against +{one:.2f} % / +{two:.2f} % (mean +{(one + two) / 2:.2f} %) landing after one step") in PROSE
+    short = _seed_gaps(quick["runs"], "flexdemo lr=0.003 local_steps=4")
+    short_bits = quick["runs"]["flexdemo lr=0.003 local_steps=4"]["bytes_sent"]["bits_per_param_sent"]
+    assert (f"(commit f377dc8, from a clean tree, the same machine), rounds of 4 (`local_steps=4`; each fragment's "
+            f"exchange then lands after one step, the fragments being a step apart) are +{short[0]:.2f} % / "
+            f"+{short[1]:.2f} % (mean +{sum(short) / 2:.2f} %) at 300 steps") in PROSE
+    assert f"at twice the bits ({short_bits:.2f} per parameter and step)" in PROSE and all(g < one_late - 0.8 for g in short)
     assert (f"It is +{sum(later) / 2:.2f} % on the mean of two seeds (+{later[0]:.2f} % and +{later[1]:.2f} %), where "
             f"landing after one step is +{sum(defaults) / 2:.2f} %") in PROSE
     for data in (bits, outer):

@@ -47,7 +47,8 @@ def test_a_rerun_builds_the_configuration_each_committed_run_recorded(sweep, gri
     pin = sweep.GRIDS[grid].get("pin", {})
     for run, record in pairs:
         knobs = {k: v for k, v in {**pin, **run["knobs"]}.items() if k not in sweep.RUN_FLAGS}
-        rebuilt = dataclasses.asdict(FlexDeMoConfig(method=run["method"], **knobs))
+        max_steps = sweep.convergence.parse_args(sweep.GRIDS[grid]["argv"]).max_steps  # local_steps=None follows it
+        rebuilt = dataclasses.asdict(FlexDeMoConfig(method=run["method"], **knobs).for_run(max_steps))
         # outer_lr's default (None) resolves on the run's nodes (2 unless it says nodes): at 2, to the 1.0 recorded
         rebuilt["outer_lr"] = knobs_module.resolve_outer_lr(rebuilt["outer_lr"], run["knobs"].get("nodes", 2))
         recorded = dict(record["flexdemo_config"])  # a run at the default records None, resolved on its nodes

@@ -15,7 +15,9 @@ from hf_flexdemo import FlexDeMoConfig, FlexDeMoTrainer
 from hf_flexdemo.testing import fixed_batch, reverse_task, tiny_t5
 
 # The uncompressed wire: every value travels in float32, so the final consensus is the nodes' mean.
-EXACT = {"compression_rate": 1.0, "compression_transform": "none", "value_dtype": "float32"}
+# every value in float32, in rounds of 8 (a long run's), whose fragments land two steps after their launch: the
+# error feedback then holds the steps between (a short run's rounds of 4 land after one step and hold none)
+EXACT = {"compression_rate": 1.0, "compression_transform": "none", "value_dtype": "float32", "local_steps": 8}
 
 
 def full(model: torch.nn.Module) -> dict[str, torch.Tensor]:
