@@ -617,11 +617,33 @@ def test_the_bits_at_two_nodes_table_is_the_json():
         assert not data["git_dirty"] and all(not i["git_dirty"] for i in data["invocations"])
 
 
-@pytest.mark.parametrize(("name", "commit"), [("time_to_target_delay2", None), ("time_to_target_links", "08a1911")])
+def test_the_rounds_by_length_table_is_the_json():
+    """"Bits at 2 nodes": grid rounds_by_length at 1,000 steps, one row per run (its gap against AdamW-HSDP of its
+    seed and a node's bits), the means the rule rests on, and the commit."""
+    data = result("sweep_rounds_by_length")
+    assert f"at commit {data['git_commit'][:7]} from a\nclean tree" in PAGE and not data["git_dirty"]
+    adamw = {r["knobs"].get("seed"): r["final_eval_loss"] for r in data["runs"].values() if r["method"] == "adamw"}
+    lines = PAGE.splitlines()
+    for key, run in data["runs"].items():
+        if run["method"] == "adamw":
+            cells = f"| {run['final_eval_loss']:.3f} | – | 16 (bf16) |"
+        else:
+            gap = 100 * (run["final_eval_loss"] / adamw[run["knobs"].get("seed")] - 1)
+            cells = f"| {run['final_eval_loss']:.3f} | {gap:+.2f} % | {run['bytes_sent']['bits_per_param_sent']:.3g} |"
+        assert sum(line.startswith(f"| `{key}`") and line.endswith(cells) for line in lines) == 1, key
+    eight = _mean_gap(data["runs"], "flexdemo lr=0.003")
+    four = _mean_gap(data["runs"], "flexdemo lr=0.003 local_steps=4")
+    assert f"Rounds of 8 are +{eight:.2f} % on the mean of the two seeds at 1,000 steps" in PROSE and eight < 2
+    assert f"and rounds of 4 +{four:.2f} %" in PROSE
+
+
+@pytest.mark.parametrize(("name", "commit"), [("time_to_target_short", None), ("time_to_target_delay2", "3d9ae8b"),
+                                             ("time_to_target_links", "08a1911")])
 def test_the_time_to_target_on_links_of_1_2_10_is_the_json(name, commit):
-    """"Time to target on a slow link", at the defaults (landing two steps after the start) and landing after one
-    (the default then): per link what it stands for (a 1 B model at 1 s per step), FlexDeMo's time and step to
-    target, its ratio to the compute-only run, its step and the optimizer's wait; the summary quotes the defaults."""
+    """"Time to target on a slow link", at the defaults (this short run's rounds of 4), in rounds of 8 landing two
+    steps after the start and landing after one (the defaults before): per link what it stands for (a 1 B model at
+    1 s per step), FlexDeMo's time and step to target, its ratio to the compute-only run, its step and the
+    optimizer's wait; the summary quotes the defaults and rounds of 8, the README the defaults."""
     data = result(name)
     commit = commit or data["git_commit"][:7]
     assert f"`benchmarks/results/{name}.json`, `.png`, at commit {commit} from a clean tree" in PROSE
@@ -640,8 +662,10 @@ def test_the_time_to_target_on_links_of_1_2_10_is_the_json(name, commit):
         assert sum(line.startswith(row) and line.endswith(
             f"| {run['seconds_per_step']:.3f} | {1e3 * run['flexdemo_comm_seconds_per_step']:.1f} ms |")
             for line in PAGE.splitlines()) == 1, link
-    if name == "time_to_target_delay2":
+    if name in ("time_to_target_short", "time_to_target_delay2"):
         assert f"| {' / '.join(ratios)} | (stopped by the run's budget) |" in PAGE
+    if name == "time_to_target_short":
+        assert all(r["flexdemo_config"]["local_steps"] == 4 for r in data["runs"] if r["method"] == "flexdemo")
         adamw = data["vs_compute_only"]["10"]
         assert (f"| {' / '.join(ratios)} | at 10 Mbit/s ≥ {adamw['adamw_lower_bound']:.2f} (stopped by the budget; "
                 f"{adamw['adamw_projected']:.2f} projected) |") in README
