@@ -405,7 +405,8 @@ def validate(knobs: Mapping[str, Any]) -> None:
         check(get("budget_fraction") is None, "budget_fraction", get("budget_fraction"),
               f"None with local_steps={get('local_steps')} (a time budget measures every step's exchange); a time "
               "budget needs local_steps=1 (preset='step-wise')")
-        delay, local = get("outer_delay") or 1, resolve_local_steps(get("local_steps"), 1)  # None: at least the short
+        # None: bound by the shorter rounds it may resolve to
+        delay, local = get("outer_delay") or 1, resolve_local_steps(get("local_steps"), 1)
         check(get("overlap") not in ("delayed", "auto") or delay <= local, "outer_delay",
               get("outer_delay"), f"1 <= outer_delay <= local_steps={local} (the exchange lands within the next "
               "round)")

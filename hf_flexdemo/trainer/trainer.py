@@ -305,9 +305,10 @@ class FlexDeMoTrainer(ConsensusModel, CheckpointHooks, Trainer):
 
     def _resolve_for_run(self, max_steps: int | None) -> None:
         """Resolve ``local_steps=None`` for a run of ``max_steps`` steps (``None``: not known), and log the choice."""
-        if self.flexdemo_config.for_run(max_steps) is self.flexdemo_config:
+        resolved = self.flexdemo_config.for_run(max_steps)
+        if resolved is self.flexdemo_config:
             return
-        self.flexdemo_config = self.flexdemo_config.for_run(max_steps)
+        self.flexdemo_config = resolved
         if int(os.environ.get("RANK", "0")) != 0:  # once per run, as Trainer's own summary
             return
         length = f"a run of {max_steps} steps" if max_steps else "a run of unknown length"
