@@ -440,6 +440,13 @@ def test_the_weak_scaling_table_and_its_reading_are_the_json():
             f"{gap(longer)}, behind from the first evaluation on ({loss_at(longer, 200):.3f} against the default's "
             f"{loss_at(defaults, 200):.3f} at step 200)") in PROSE
     assert f"best losses differ by as much ({gap(defaults, base, 'best_eval_loss')})" in PROSE
+    momentum = runs["flexdemo lr=0.003 nodes=8 outer_lr=1 outer_momentum=0.5 procs_per_node=1 scaling=weak"]
+    commit = result("sweep_nodes_weak")["invocations"][momentum["invocation"]]["git_commit"][:7]
+    assert f"`outer_lr=1` (at commit {commit}, the same grid:" in PROSE
+    assert (f"is {gap(momentum)}, behind the default's outer step of 2 at every evaluation "
+            f"({loss_at(momentum, 200):.3f} against {loss_at(defaults, 200):.3f} at step 200, "
+            f"{momentum['final_eval_loss']:.3f} against {defaults['final_eval_loss']:.3f} at step 2,000)") in PROSE
+    assert all(c["eval_loss"] > d["eval_loss"] for c, d in zip(momentum["curve"][1:], defaults["curve"][1:]))
     dense = runs["flexdemo lr=0.003 nodes=8 procs_per_node=1 replicator=full scaling=weak"]
     assert (f"at the same outer step\n(2 at 8 nodes) is {gap(dense)}, behind from the first evaluation on "
             f"({loss_at(dense, 200):.3f} against the defaults' {loss_at(defaults, 200):.3f} at step 200)\nand close "
