@@ -39,6 +39,12 @@ def committed_runs(sweep, grid: str) -> list[tuple[dict, dict]]:
             if run["method"] != "adamw" and sweep.run_key(run) in records]
 
 
+def grid_length(sweep, grid: str) -> int:
+    """The steps a grid's runs take (its convergence preset and flags; the data files are not read)."""
+    return sweep.convergence.parse_args([*sweep.GRIDS[grid]["argv"], "--train_file", "-", "--validation_file", "-"]
+                                        ).max_steps
+
+
 @pytest.mark.parametrize("grid", ["density", "levers", "overlap", "local", "local_long", "nodes",
                                   "nodes_outer", "nodes_leader", "nodes_weak", "bits", "outer_delay",
                                   "rounds_by_length"])
@@ -48,7 +54,7 @@ def test_a_rerun_builds_the_configuration_each_committed_run_recorded(sweep, gri
     pin = sweep.GRIDS[grid].get("pin", {})
     for run, record in pairs:
         knobs = {k: v for k, v in {**pin, **run["knobs"]}.items() if k not in sweep.RUN_FLAGS}
-        max_steps = sweep.convergence.parse_args(sweep.GRIDS[grid]["argv"]).max_steps  # local_steps=None follows it
+        max_steps = grid_length(sweep, grid)  # local_steps=None follows it
         rebuilt = dataclasses.asdict(FlexDeMoConfig(method=run["method"], **knobs).for_run(max_steps))
         # outer_lr's default (None) resolves on the run's nodes (2 unless it says nodes): at 2, to the 1.0 recorded
         rebuilt["outer_lr"] = knobs_module.resolve_outer_lr(rebuilt["outer_lr"], run["knobs"].get("nodes", 2))
