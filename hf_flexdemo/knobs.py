@@ -406,7 +406,8 @@ def validate(knobs: Mapping[str, Any]) -> None:
               f"None with local_steps={get('local_steps')} (a time budget measures every step's exchange); a time "
               "budget needs local_steps=1 (preset='step-wise')")
         # None: bound by the shorter rounds it may resolve to
-        delay, local = get("outer_delay") or 1, resolve_local_steps(get("local_steps"), 1)
+        local = SHORT_RUN_LOCAL_STEPS if get("local_steps") is None else get("local_steps")
+        delay = get("outer_delay") or 1
         check(get("overlap") not in ("delayed", "auto") or delay <= local, "outer_delay",
               get("outer_delay"), f"1 <= outer_delay <= local_steps={local} (the exchange lands within the next "
               "round)")

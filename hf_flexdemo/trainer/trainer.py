@@ -137,6 +137,17 @@ def _trainer_arguments(init: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
         return dict(kwargs)
 
 
+def for_run_logged(config: FlexDeMoConfig, max_steps: int | None) -> FlexDeMoConfig:
+    """``config.for_run(max_steps)``, logging once per run (rank 0) the rounds ``local_steps=None`` resolved to."""
+    resolved = config.for_run(max_steps)
+    if resolved is not config and int(os.environ.get("RANK", "0")) == 0:  # as Trainer's own summary
+        length = f"a run of {max_steps} steps" if max_steps else "a run of unknown length"
+        logger.info(f"FlexDeMo: local_steps=None resolved to {resolved.local_steps} for {length} (rounds of "
+                    f"{knobs.SHORT_RUN_LOCAL_STEPS} under {knobs.SHORT_RUN_STEPS} steps, else "
+                    f"{knobs.LONG_RUN_LOCAL_STEPS}).")
+    return resolved
+
+
 class FlexDeMoTrainer(ConsensusModel, CheckpointHooks, Trainer):
     """``Trainer`` that trains with FlexDeMo (or the DeMo / AdamW-HSDP baselines) across nodes.
 
@@ -305,16 +316,7 @@ class FlexDeMoTrainer(ConsensusModel, CheckpointHooks, Trainer):
 
     def _resolve_for_run(self, max_steps: int | None) -> None:
         """Resolve ``local_steps=None`` for a run of ``max_steps`` steps (``None``: not known), and log the choice."""
-        resolved = self.flexdemo_config.for_run(max_steps)
-        if resolved is self.flexdemo_config:
-            return
-        self.flexdemo_config = resolved
-        if int(os.environ.get("RANK", "0")) != 0:  # once per run, as Trainer's own summary
-            return
-        length = f"a run of {max_steps} steps" if max_steps else "a run of unknown length"
-        logger.info(f"FlexDeMo: local_steps=None resolved to {self.flexdemo_config.local_steps} for {length} (rounds "
-                    f"of {knobs.SHORT_RUN_LOCAL_STEPS} under {knobs.SHORT_RUN_STEPS} steps, else "
-                    f"{knobs.LONG_RUN_LOCAL_STEPS}).")
+        self.flexdemo_config = for_run_logged(self.flexdemo_config, max_steps)
 
     def create_optimizer_and_scheduler(self, num_training_steps: int) -> None:
         self._resolve_for_run(num_training_steps)  # with epochs, the run's length is known from here on
