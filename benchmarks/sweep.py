@@ -16,6 +16,7 @@ header, and each run its invocation's index (``invocation``), so a run names the
     python benchmarks/sweep.py nodes      # the defaults and AdamW-HSDP at R = 2, 4, 8 nodes, 2,000 steps
     python benchmarks/sweep.py nodes_weak # ... with the batch per node fixed (weak scaling) at R = 8, 4
     python benchmarks/sweep.py nodes_leader  # replicator="leader" at R = 8, 4, 2 nodes, 2,000 steps
+    python benchmarks/sweep.py nodes_owner  # replicator="owner" at R = 8 and 2 nodes, 2,000 steps
     python benchmarks/sweep.py bits       # the defaults and half their bits or less at 2 nodes, 2,000 steps
     python benchmarks/sweep.py rounds_by_length  # rounds of 4 and 8 at 1,000 steps, two seeds
     python benchmarks/sweep.py levers --only "flexdemo lr=0.003 compression_feedback=0.2 momentum=ema"
@@ -269,6 +270,17 @@ GRIDS: dict[str, dict[str, Any]] = {
                  compression_rate=0.5),
             _run("flexdemo", 3e-3, nodes=4, procs_per_node=2, scaling="strong", replicator="leader"),
             _run("flexdemo", 3e-3, scaling="strong", replicator="leader"),
+        ],
+    },
+    # Received bytes flat in R with each node's own top-k: replicator="owner" (an all-to-all to the blocks' owners, who
+    # forward the top-k of the mean with the next exchange: a round late), against the all-gather and the leader at
+    # the same outer step (grids "nodes_outer", "nodes_leader"), strong scaling, 2,000 steps; 8 nodes first.
+    "nodes_owner": {
+        "argv": HORIZON,
+        "pin": LANDING_NEXT,
+        "runs": [
+            _run("flexdemo", 3e-3, nodes=8, procs_per_node=1, scaling="strong", replicator="owner"),
+            _run("flexdemo", 3e-3, scaling="strong", replicator="owner"),
         ],
     },
     # Bits at 2 nodes over 2,000 steps (2 x 2): AdamW-HSDP, the defaults (0.19 bits per parameter per step sent per

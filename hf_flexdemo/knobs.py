@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 Update = Literal["sign", "sgd", "adamw", "rmsprop"]
-ReplicatorName = Literal["demo", "leader", "random", "full", "none"]
+ReplicatorName = Literal["demo", "owner", "leader", "random", "full", "none"]
 Momentum = Literal["lr", "ema", "avg", "adam"]
 Overlap = Literal["auto", "none", "backward", "delayed"]
 Consensus = Literal["choosers", "replicas"]
@@ -123,17 +123,19 @@ KNOBS: tuple[Knob, ...] = (
          "what is kept back.", per_group=True, policy="compression", field="feedback",
          ok=lambda v: _number(v) and 0.0 < v <= 1.0, accepted="a float in (0, 1]"),
     Knob("replicator", "demo", ReplicatorName, "Cross-node exchange: demo (top-k per block with a bitmask or indices, "
-         "all-gather), leader (one node's top-k positions, chosen the exchange before and the node changing each "
-         "exchange, are every node's; an all-reduce sums int2/int4 codes: received bytes flat in the number of "
-         "nodes), random (shared random positions, all-reduce of the values), full (dense average), none (one "
-         "node: emulates demo's wire; any other replicator on one node trains as its dense limit, torch's AdamW at "
-         "the defaults).", policy="compression", field="replicator"),
-    Knob("consensus", "replicas", Consensus, "replicator='demo': a coefficient is the mean over the replicas that "
-         "chose it (choosers, DeMo) or over all replicas (replicas: the mean momentum).", policy="compression",
-         field="consensus"),
+         "all-gather), owner (each block's owner node gets every node's top-k of it in an all-to-all and forwards the "
+         "top-k of their mean with the next exchange, with error feedback on both sides: received bytes flat in the "
+         "number of nodes, the consensus one exchange later; local steps only), leader (one node's top-k positions, "
+         "chosen the exchange before and the node changing each exchange, are every node's; an all-reduce sums "
+         "int2/int4 codes: received bytes flat in the number of nodes), random (shared random positions, all-reduce "
+         "of the values), full (dense average), none (one node: emulates demo's wire; any other replicator on one "
+         "node trains as its dense limit, torch's AdamW at the defaults).", policy="compression", field="replicator"),
+    Knob("consensus", "replicas", Consensus, "replicator='demo' and 'owner': a coefficient is the mean over the "
+         "replicas that chose it (choosers, DeMo) or over all replicas (replicas: the mean momentum).",
+         policy="compression", field="consensus"),
     Knob("value_dtype", "auto", ValueDtype, "Wire type of coefficients (float8: e4m3 with a bfloat16 scale per "
-         "block; int4/int2: 4 or 2 bits with a bfloat16 scale per block; these three demo only, int4/int2 also "
-         "leader, which needs them; auto: for replicator='demo' int2 with local_steps > 1, float8 with "
+         "block; int4/int2: 4 or 2 bits with a bfloat16 scale per block; these three demo and owner only, int4/int2 "
+         "also leader, which needs them; auto: for replicator='demo' or 'owner' int2 with local_steps > 1, float8 with "
          "local_steps=1; int2 for leader; else bfloat16).",
          policy="compression", field="value_dtype"),
     Knob("replicator_seed", 0, int, "Seed of replicator='random''s shared positions and of replicator='leader''s "
@@ -287,7 +289,7 @@ def resolve_value_dtype(value_dtype: str, replicator: str, local_steps: int) -> 
         return value_dtype
     if replicator == "leader":  # its all-reduce sums codes on a shared scale
         return "int2"
-    if replicator not in ("demo", "none"):  # "none" emulates demo's wire on one node
+    if replicator not in ("demo", "owner", "none"):  # "none" emulates demo's wire on one node
         return "bfloat16"
     return "int2" if local_steps > 1 else "float8"
 
@@ -397,6 +399,10 @@ def validate(knobs: Mapping[str, Any]) -> None:
     check(get("value_dtype") in ("auto", "int2", "int4", None) or get("replicator") != "leader", "value_dtype",
           get("value_dtype"), "'auto' | 'int2' | 'int4' with replicator='leader' (its all-reduce sums codes on a "
           "shared scale), or replicator='demo' for float8 | bfloat16 | float32")
+    if "local_steps" in knobs and not _local_mode(knobs):
+        check(get("replicator") != "owner", "replicator", get("replicator"), "'demo' | 'leader' | 'random' | 'full' "
+              f"with local_steps={get('local_steps')}; replicator='owner' lands a consensus one exchange after it is "
+              "sent, a round late with local steps: set local_steps > 1 (or leave it to the package) to use it")
     if _local_mode(knobs):
         check(get("overlap") in ("auto", "none", "delayed", None), "overlap", get("overlap"),
               f"'auto' | 'none' | 'delayed' with local_steps={get('local_steps')} (the exchange runs once a round, "

@@ -34,8 +34,9 @@ consensus parameters are the anchors (see below), and a whole round's bytes equa
 collectives' non-finite flags.
 
 The end of a run (:meth:`LocalSteps.finish`, from ``FlexDeMo.finish``): the exchange in flight lands, then one final
-round of every fragment in one collective, and every replica restarts from the anchor, which then holds every step
-trained. Weights loaded from outside become the anchor (:meth:`LocalSteps.adopt`).
+round of every fragment in one collective (on a wire that lands a round an exchange late, ``replicator="owner"``,
+two), and every replica restarts from the anchor, which then holds every step trained. Weights loaded from outside
+become the anchor (:meth:`LocalSteps.adopt`).
 
 ``feedback_decay`` decays what compression held back once per exchange. A skipped round (a non-finite
 pseudo-gradient on some rank) keeps the anchor, ``delta`` and the outer momentum, restarts every replica from the
@@ -225,10 +226,17 @@ class LocalSteps(Mode):
         if engine.in_flight or engine.held is not None:
             launched_at = engine.launched_at if engine.in_flight else engine.held["step"]
             self._land(stacks, self.fragment_at(launched_at + 1))
+        own, rounds = engine.replicator, 1
+        if final is None:
+            rounds += own.lag  # a wire that lands a round later lands the final one with the exchange after it
+        else:
+            for stack in stacks:
+                own.release(stack, engine.workspace, k=engine.kept(stack))
         with engine.using(final):
-            self._launch(stacks)
-            skipped = engine.land(rule=self._outer)
-        self._restart(stacks, clean=skipped)
+            for _ in range(rounds):
+                self._launch(stacks)
+                skipped = engine.land(rule=self._outer)
+                self._restart(stacks, clean=skipped)
         self.synced = True
 
     def adopt(self, plan: list[Bucket]) -> None:

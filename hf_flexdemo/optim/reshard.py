@@ -21,7 +21,8 @@ State of two kinds moves between nodes differently:
   anchor: no new node has a trajectory of its own to continue, and the anchor is the point every old node agreed on.
 
 ``replicator="leader"``'s agreed positions are in the old shards' blocks: they are dropped, and the first exchange
-after the resume draws new ones from the shared seed, as a run's first exchange does.
+after the resume draws new ones from the shared seed, as a run's first exchange does. ``replicator="owner"``'s nodes
+each hold a share of the consensus still to land: its checkpoints are refused here.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import torch
 from torch import Tensor
 
 from ..wire.replicators.leader import STATE_KEYS as LEADER_KEYS
+from ..wire.replicators.owner import STATE_KEYS as OWNER_KEYS
 from .exchange import MOMENT_KEYS
 from .local_steps import LOCAL_KEY
 
@@ -113,6 +115,11 @@ def reshard_state_dict(states: Sequence[dict[str, Any]], *, old_shard_size: int,
     if policy == "keep":
         check_keep(len(states) // old_shard_size, replicate_size)
     first = states[0]
+    if any(key in OWNER_KEYS for saved in first["state"].values() for key in saved):
+        raise ValueError("FlexDeMo: this checkpoint was written with replicator='owner', whose nodes each hold their "
+                         "blocks' share of the last round, still to land: it resumes on the topology it was saved on "
+                         "only. Resume it on that many nodes x processes, or end that run with trainer.train() "
+                         "finishing (its final round lands everything) and start from the saved model.")
     options = first.get("flexdemo", {}).get("options") or {}
     per_node = per_node_keys(options)
     update = {index: group.get("update") for group in first["param_groups"] for index in group["params"]}

@@ -15,14 +15,16 @@ import torch
 
 from .. import knobs
 from ..knobs import OPTIMIZER_WIDE
-from ..wire.replicators import leader
+from ..wire.replicators import leader, owner
 from . import local_steps
 from .exchange import HELD_KEYS, MOMENT_KEYS
 
 logger = logging.getLogger(__name__)
 
-# What stays float32 whatever the parameters' dtype (torch's load_state_dict casts state to it).
-FLOAT32_KEYS = ("delta", *MOMENT_KEYS, *HELD_KEYS, *local_steps.FLOAT32_KEYS, leader.SCALE)
+# What keeps its dtype whatever the parameters' (torch's load_state_dict casts all state to it): float32, and
+# replicator="owner"'s encoded result, bytes.
+FLOAT32_KEYS = ("delta", *MOMENT_KEYS, *HELD_KEYS, *local_steps.FLOAT32_KEYS, leader.SCALE, owner.FEEDBACK)
+STATE_DTYPES: dict[str, torch.dtype] = {**dict.fromkeys(FLOAT32_KEYS, torch.float32), owner.RESULT: torch.uint8}
 
 
 class StateDictMixin:
@@ -59,10 +61,9 @@ class StateDictMixin:
         self._follow_nodes(counters.get("outer_lr_follows_nodes", False))
         params = [p for group in self.param_groups for p in group["params"]]
         for index, saved_state in state_dict["state"].items():
-            for key in FLOAT32_KEYS:
+            for key, dtype in STATE_DTYPES.items():
                 if key in saved_state:
-                    self.state[params[index]][key] = saved_state[key].to(device=self.device, dtype=torch.float32,
-                                                                         copy=True)
+                    self.state[params[index]][key] = saved_state[key].to(device=self.device, dtype=dtype, copy=True)
         self.steps = counters["steps"]
         self.exchange.skipped_steps = counters["skipped_steps"]
         self.exchange.rate = counters["rate"]

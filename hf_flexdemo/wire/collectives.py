@@ -156,6 +156,21 @@ class ReplicateGroup:
         self._count(stats, (self.size - 1) * buffer.numel() * buffer.element_size())
         return Pending(work, gathered.view(self.size, -1), self.timer, what, self.group)
 
+    def all_to_all(self, chunks: list[Tensor], sizes: list[int], stats: CommStats) -> Pending:
+        """Start sending 1-D ``chunks[j]`` to replica ``j`` and receiving ``sizes[i]`` elements from each replica ``i``
+        (this replica's own chunk included, which crosses no link): the received chunks back to back."""
+        what = "all-to-all of the momentum payload"
+        if self.size == 1:
+            return Pending(None, chunks[0], self.timer, what, self.group)
+        received = chunks[0].new_empty(sum(sizes))
+        with explained(what, self.group):
+            work = dist.all_to_all_single(received, torch.cat(chunks), sizes, [c.numel() for c in chunks],
+                                          group=self.group, async_op=True)
+        size = chunks[0].element_size()
+        others = [j for j in range(self.size) if j != self.rank]
+        self._count(stats, sum(chunks[j].numel() for j in others) * size, sum(sizes[j] for j in others) * size)
+        return Pending(work, received, self.timer, what, self.group)
+
     def all_reduce(self, buffer: Tensor, stats: CommStats) -> Pending:
         """Start summing ``buffer`` over the replicas, in place."""
         what = "all-reduce of the momentum payload"
@@ -187,8 +202,8 @@ class ReplicateGroup:
         return buffer
 
     @staticmethod
-    def _count(stats: CommStats, sent: int) -> None:
-        """One collective; ring algorithms receive as many bytes as they send."""
+    def _count(stats: CommStats, sent: int, received: int | None = None) -> None:
+        """One collective; ring algorithms receive as many bytes as they send (``received=None``)."""
         stats.collectives += 1
         stats.bytes_sent += sent
-        stats.bytes_received += sent
+        stats.bytes_received += sent if received is None else received

@@ -186,6 +186,15 @@ def encode_positions(indices: Tensor, block_numel: int) -> tuple[Tensor, Tensor]
     return quantize.pack(mask.view(torch.uint8), 1), ascending
 
 
+def decode_positions(where: Tensor, block_numel: int, k: int) -> Tensor:
+    """The ``(N, k)`` int64 in-block indices of :func:`encode_positions`' wire ``where``, in the order its values
+    travel (a bitmask's set bits ascending)."""
+    if uses_bitmask(block_numel, k):
+        mask = decode_mask(where, block_numel).view(torch.uint8)
+        return mask.argsort(dim=1, descending=True, stable=True)[:, :k]
+    return unpack_indices(where, block_numel, k)
+
+
 def decode_mask(packed: Tensor, block_numel: int) -> Tensor:
     """The ``(..., block_numel)`` bool mask of a bitmask from :func:`encode_positions` (the unpacked bits are 0 or 1,
     so they are viewed as bool rather than copied)."""

@@ -2,7 +2,8 @@
 bit-identical after every exchange, nothing crosses nodes in an inner step, the bytes of the formula on exchange
 steps only, and a resume in the middle of a round. The same at R = 2, 4 and 8 nodes (8 ranks as 2 x 4, 4 x 2 and
 8 x 1) with positions as packed indices (rate 1/16 of 8 x 8: 4 indices of 6 bits, 3 bytes, against the bitmask's
-8). ``replicator="leader"`` (one all-reduce of codes) at R = 2, 4 and 8 the same way."""
+8). ``replicator="leader"`` (one all-reduce of codes) and ``replicator="owner"`` (one all-to-all to the blocks'
+owners, the bytes of each rank its own) at R = 2, 4 and 8 the same way."""
 
 from __future__ import annotations
 
@@ -18,12 +19,15 @@ from hf_flexdemo.wire.dct import BlockLayout
 from hf_flexdemo.wire.replicators import exchange_bytes
 
 LEADER = ",replicator=leader"  # the exchange whose received bytes are flat in R: one all-reduce of codes
+OWNER = ",replicator=owner"  # flat in R with each node's own top-k: one all-to-all to the blocks' owners
 CASES = ["averaging", "habits,topology=2x2,value_dtype=int2", "habits,topology=4x1,value_dtype=int4,local_steps=2",
          "habits,topology=2x2,value_dtype=int2,overlap=delayed", "resume,value_dtype=int4",
          "resume,value_dtype=int4,overlap=delayed,outer_delay=2", "nonfinite,bad=3", "nonfinite,bad=4",
          f"habits,topology=2x2,value_dtype=int2{LEADER}",
          f"habits,topology=4x1,value_dtype=int4,overlap=delayed{LEADER}",
-         f"resume,value_dtype=int4,overlap=delayed,outer_delay=2{LEADER}"]
+         f"resume,value_dtype=int4,overlap=delayed,outer_delay=2{LEADER}",
+         f"habits,topology=2x2,value_dtype=int2{OWNER}", f"habits,topology=4x1,value_dtype=int4,overlap=delayed{OWNER}",
+         f"resume,value_dtype=int2,overlap=delayed,outer_delay=2{OWNER}", f"resume,value_dtype=int2{OWNER}"]
 INDICES = ",rate=0.0625"  # 4 of each 8 x 8 block: packed indices
 CASES8 = [f"habits,topology=2x4,value_dtype=int2{INDICES}",
           f"habits,topology=4x2,value_dtype=int2,overlap=delayed{INDICES}",
@@ -32,7 +36,10 @@ CASES8 = [f"habits,topology=2x4,value_dtype=int2{INDICES}",
           f"resume,topology=8x1,value_dtype=int2,overlap=delayed,outer_delay=2{INDICES}",
           f"habits,topology=8x1,value_dtype=int2,overlap=delayed{INDICES}{LEADER}",
           f"habits,topology=4x2,value_dtype=int2{INDICES}{LEADER}",
-          f"resume,topology=8x1,value_dtype=int2{INDICES}{LEADER}"]
+          f"resume,topology=8x1,value_dtype=int2{INDICES}{LEADER}",
+          f"habits,topology=8x1,value_dtype=int2,overlap=delayed{INDICES}{OWNER}",
+          f"habits,topology=4x2,value_dtype=int2{INDICES}{OWNER}",
+          f"resume,topology=8x1,value_dtype=int2,overlap=delayed,outer_delay=2{INDICES}{OWNER}"]
 HABITS = [case for case in CASES + CASES8 if case.startswith("habits")]
 RESUMES = [case for case in CASES + CASES8 if case.startswith("resume")]
 
@@ -93,7 +100,8 @@ def test_inner_steps_are_silent_and_an_exchange_crosses_nodes_once(suite, case):
             if not (sends or lands):
                 assert log == {"collectives": [], "syncs": []}, (step, log)  # no collective, no host sync
                 continue
-            collective = "all_reduce" if _option(case, "replicator", "demo") == "leader" else GATHER
+            collective = {"leader": "all_reduce", "owner": "all_to_all_single"}.get(
+                _option(case, "replicator", "demo"), GATHER)
             assert [name for name, _ in crossing] == ([collective] if sends else []), log
             assert not sends or rank in crossing[0][1]
             assert log["syncs"] == (["item"] if lands else []), log["syncs"]  # the skip decision
@@ -114,13 +122,13 @@ def test_replicas_bit_identical_after_every_exchange(suite, case):
 def test_bytes_equal_the_formula_on_exchange_steps_only(suite, case):
     """R = 2, 4 and 8, bitmasks (rate 1/4) and packed indices (1/16): amortised, H - 1 steps of 0 and one of the
     formula."""
-    rate = float(_option(case, "rate", "0.25"))
-    for rank in suite:
+    rate, procs = float(_option(case, "rate", "0.25")), _topology(case)[1]
+    for index, rank in enumerate(suite):
         result = rank[case]
         every = len(result["comm_stats"]) // 2
         expected = exchange_bytes(_option(case, "replicator", "demo"), result["local_shapes"], result["replicas"],
-                                  rate=rate, topk=None, chunk=8,
-                                  value_dtype=_option(case, "value_dtype", "int2"))
+                                  rate=rate, topk=None, chunk=8, value_dtype=_option(case, "value_dtype", "int2"),
+                                  rank=index // procs)  # the node: this rank's place among its shards' replicas
         assert result["replicas"] == _topology(case)[0]
         layouts = [BlockLayout.for_shape(shape, 8) for shape in result["local_shapes"] if math.prod(shape)]
         bitmasks = {compression.uses_bitmask(layout.block_numel, compression.kept_per_block(
@@ -150,6 +158,7 @@ def test_resume_mid_round_continues_bit_identically(suite, case):
         assert result["options"]["local_steps"] == 3 and result["options"]["outer_momentum"] == 0.9
         assert ({"pending_delta", "pending_update"} <= set(result["keys"])) == ("delayed" in case)
         assert ({"leader_indices", "leader_scale"} <= set(result["keys"])) == (LEADER in case)
+        assert ({"owner_feedback", "owner_result"} <= set(result["keys"])) == (OWNER in case)
 
 
 @pytest.mark.parametrize("case", ["nonfinite,bad=3", "nonfinite,bad=4"])

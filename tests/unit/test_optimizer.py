@@ -33,7 +33,7 @@ def _params(dtype=torch.float32):
         ({"momentum_decay": -0.1}, "momentum_decay", "[0, 1)"),
         ({"lr": -1.0}, "lr", ">= 0"),
         ({"update": "lion"}, "update", "sign | sgd | adamw"),
-        ({"replicator": "powersgd"}, "replicator", "demo | leader | random | full | none"),
+        ({"replicator": "powersgd"}, "replicator", "demo | owner | leader | random | full | none"),
         ({"replicator": "leader", "value_dtype": "float8"}, "value_dtype", "'int2' | 'int4' with replicator='leader'"),
         ({"replicator": "leader", "budget_bytes": 10}, "replicator", "'demo' | 'random' with a budget"),
         ({"consensus": "mean"}, "consensus", "choosers | replicas"),

@@ -11,6 +11,7 @@ from .demo import DemoReplicator
 from .emulated import EmulatedReplicator
 from .full import FullReplicator
 from .leader import LeaderReplicator
+from .owner import OwnerReplicator
 from .random_positions import RandomReplicator
 
 REGISTRY: dict[str, type[Replicator]] = {
@@ -18,6 +19,7 @@ REGISTRY: dict[str, type[Replicator]] = {
     RandomReplicator.name: RandomReplicator,
     FullReplicator.name: FullReplicator,
     LeaderReplicator.name: LeaderReplicator,
+    OwnerReplicator.name: OwnerReplicator,
     EmulatedReplicator.name: EmulatedReplicator,
 }
 
@@ -28,10 +30,10 @@ __all__ = ["DENSE", "REGISTRY", "Exchange", "Replicator", "ShardTotals", "exchan
 
 def exchange_bytes(
     replicator: str, local_shapes: list[tuple[int, ...]], replicas: int, *, rate: float | None, topk: int | None,
-    chunk: int, value_dtype: str = "bfloat16", timing: bool = False,
+    chunk: int, value_dtype: str = "bfloat16", timing: bool = False, rank: int = 0,
 ) -> int:
-    """Bytes one rank sends per optimizer step with ``replicator``, from its local shard shapes (each
-    replicator's ``step_bytes``; nothing with one replica).
+    """Bytes one rank (replica ``rank`` of its shards) sends per optimizer step with ``replicator``, from its local
+    shard shapes (each replicator's ``step_bytes``; nothing with one replica).
 
     ``timing``: the payload also carries this rank's step-time fraction (``budget_fraction``). One collective
     per step (``overlap`` ``"none"`` or ``"delayed"``); ``"backward"`` adds the trailer once per bucket.
@@ -39,4 +41,4 @@ def exchange_bytes(
     if replicas == 1:
         return 0
     totals = ShardTotals.of(local_shapes, rate=rate, topk=topk, chunk=chunk, value_dtype=value_dtype)
-    return REGISTRY[replicator].step_bytes(totals, replicas, value_dtype=value_dtype, timing=timing)
+    return REGISTRY[replicator].step_bytes(totals, replicas, value_dtype=value_dtype, timing=timing, rank=rank)

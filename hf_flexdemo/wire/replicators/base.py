@@ -77,6 +77,7 @@ class Replicator(ABC):
     compresses: ClassVar[bool] = True  # selects a rate's share of each block: the rate and budgets apply
     spends_momentum: ClassVar[bool] = False  # the whole momentum is sent, so it is zeroed once applied
     emulates: ClassVar[bool] = False  # sends nothing: a single replica's stand-in for the wire, chosen explicitly
+    lag: ClassVar[int] = 0  # exchanges between sending a round and landing its consensus
 
     def __init__(self, group: ReplicateGroup, *, value_dtype: str, consensus: str, seed: int) -> None:
         self.group, self.value_dtype, self.consensus, self.seed = group, value_dtype, consensus, seed
@@ -113,10 +114,18 @@ class Replicator(ABC):
     def decode(self, stack: Stack, received: Any, *, workspace: Workspace) -> Tensor:
         """The consensus ``Q`` of ``stack``, ``(P, *shape)`` in float32, bit-identical on every replica."""
 
+    def release(self, stack: Stack, workspace: Workspace, *, k: int) -> None:
+        """Before a final round on another wire: add to ``stack.delta`` what this replica holds of the consensus
+        still to land (``k`` per block), so that a mean over the replicas carries it once, and forget it (nothing held:
+        nothing)."""
+        return None
+
     @classmethod
     @abstractmethod
-    def step_bytes(cls, totals: ShardTotals, replicas: int, *, value_dtype: str, timing: bool) -> int:
-        """Bytes one rank sends per step for ``totals`` over ``replicas > 1`` (with a timing trailer or not)."""
+    def step_bytes(cls, totals: ShardTotals, replicas: int, *, value_dtype: str, timing: bool,
+                   rank: int = 0) -> int:
+        """Bytes replica ``rank`` sends per step for ``totals`` over ``replicas > 1`` (with a timing trailer or not);
+        every replica sends alike except where a replicator says otherwise."""
 
 
 class BlockReplicator(Replicator):
@@ -156,8 +165,7 @@ class BlockReplicator(Replicator):
         """The momentum-space signal of ``dense`` coefficients (``dense`` itself without a transform: no buffers)."""
         if stack.layout.transform == "none":
             return dense
-        return stack.layout.idct(dense, out=workspace("spatial", stack.momentum),
-                                 scratch=workspace("dense_scratch", stack.momentum))
+        return stack.layout.idct(dense, out=workspace("spatial", dense), scratch=workspace("dense_scratch", dense))
 
 
 def reduce_payload(replicator: Replicator, stacks: list[Stack], payload: list[Tensor], trailer: list[Tensor],

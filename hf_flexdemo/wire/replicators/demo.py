@@ -57,6 +57,7 @@ class DemoReplicator(BlockReplicator):
         return self.inverse(stack, dense, workspace)
 
     @classmethod
-    def step_bytes(cls, totals: ShardTotals, replicas: int, *, value_dtype: str, timing: bool) -> int:
+    def step_bytes(cls, totals: ShardTotals, replicas: int, *, value_dtype: str, timing: bool,
+                   rank: int = 0) -> int:
         """All-gather of every block's positions and values and the 1-byte flag (+ 4 timing bytes)."""
         return (replicas - 1) * (totals.payload + 1 + 4 * int(timing))

@@ -36,5 +36,6 @@ class EmulatedReplicator(DemoReplicator):
         return own, [t.reshape(1, -1) for t in exchange.like]
 
     @classmethod
-    def step_bytes(cls, totals: ShardTotals, replicas: int, *, value_dtype: str, timing: bool) -> int:
+    def step_bytes(cls, totals: ShardTotals, replicas: int, *, value_dtype: str, timing: bool,
+                   rank: int = 0) -> int:
         return 0

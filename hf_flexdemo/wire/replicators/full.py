@@ -38,6 +38,7 @@ class FullReplicator(Replicator):
         return received.view_as(stack.momentum).div_(self.group.size)
 
     @classmethod
-    def step_bytes(cls, totals: ShardTotals, replicas: int, *, value_dtype: str, timing: bool) -> int:
+    def step_bytes(cls, totals: ShardTotals, replicas: int, *, value_dtype: str, timing: bool,
+                   rank: int = 0) -> int:
         """All-reduce of the float32 momentum and the trailer."""
         return dense_allreduce_bytes(totals.numel + 1 + int(timing), replicas, 4)

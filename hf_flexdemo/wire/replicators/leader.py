@@ -130,18 +130,15 @@ class LeaderReplicator(BlockReplicator):
         block_numel = stack.layout.block_numel
         data = lanes.to_bytes(proposal, proposal_bytes(block_numel, k))
         where, scale = data[:, :-_SCALE_BYTES], data[:, -_SCALE_BYTES:].clone().view(quantize.SCALE_DTYPE)
-        if compression.uses_bitmask(block_numel, k):  # the set bits in ascending order, as the values travel
-            mask = compression.decode_mask(where, block_numel).view(torch.uint8)
-            indices = mask.argsort(dim=1, descending=True, stable=True)[:, :k]
-        else:
-            indices = compression.unpack_indices(where, block_numel, k)
+        indices = compression.decode_positions(where, block_numel, k)
         indices = indices.to(torch.int16 if block_numel <= 2**15 else torch.int32)
         rows = proposal.shape[0] // len(stack.states)
         for state, chosen, shared in zip(stack.states, indices.split(rows), scale.float().split(rows)):
             state[INDICES], state[SCALE] = chosen, shared
 
     @classmethod
-    def step_bytes(cls, totals: ShardTotals, replicas: int, *, value_dtype: str, timing: bool) -> int:
+    def step_bytes(cls, totals: ShardTotals, replicas: int, *, value_dtype: str, timing: bool,
+                   rank: int = 0) -> int:
         """All-reduce of every block's code lanes and proposal lanes and the trailer (the flag), in int32."""
         bits = quantize.WIDTHS[value_dtype]
         lanes_per_rank = sum(blocks * (lanes.lanes_for(k, bits, replicas)

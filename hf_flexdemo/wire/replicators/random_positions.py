@@ -42,7 +42,8 @@ class RandomReplicator(BlockReplicator):
         return self.inverse(stack, dense, workspace)
 
     @classmethod
-    def step_bytes(cls, totals: ShardTotals, replicas: int, *, value_dtype: str, timing: bool) -> int:
+    def step_bytes(cls, totals: ShardTotals, replicas: int, *, value_dtype: str, timing: bool,
+                   rank: int = 0) -> int:
         """All-reduce of the kept values and the trailer (the flag, the timing) in the wire's type."""
         return dense_allreduce_bytes(totals.kept + 1 + int(timing), replicas,
                                      compression.VALUE_DTYPES[value_dtype].itemsize)
