@@ -24,7 +24,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from .knobs import DEFAULTS, DRIFT_ACTIONS
+from .knobs import DEFAULTS, DRIFT_ACTIONS, REPLICATORS
 from .optim.guards import hardware
 from .optim.mesh import build_hybrid_mesh, default_device_type
 from .wire.collectives import all_gather_into
@@ -95,11 +95,15 @@ def main(argv: list[str] | None = None) -> None:
                         "and exit, without launching (default: the launched topology's)")
     parser.add_argument("--max_steps", type=int, default=None, help="with --parameters: the run's length (the "
                         "defaults' rounds follow it: a run under 1,000 steps sends twice the bits; default: long)")
+    parser.add_argument("--replicator", default=None, choices=REPLICATORS, help="with --parameters: the exchange the "
+                        "run will use (FlexDeMoConfig.replicator; default: the package's)")
     args = parser.parse_args(argv)
+    overrides = None if args.replicator is None else {"replicator": args.replicator}
     if args.nodes is not None:
         if args.parameters is None:
             parser.error("--nodes needs --parameters (the model's parameter count)")
-        print(link_estimate(args.parameters, args.step_seconds, args.nodes, max_steps=args.max_steps).describe())
+        print(link_estimate(args.parameters, args.step_seconds, args.nodes, overrides,
+                            max_steps=args.max_steps).describe())
         return
 
     device_type = default_device_type()
@@ -144,7 +148,8 @@ def main(argv: list[str] | None = None) -> None:
                   f"bandwidth {measured:.1f} Mbit/s per rank ({args.megabytes:g} MB all-gather), "
                   f"{measured * len(rows[0]):.1f} Mbit/s per node")
             if args.parameters is not None:
-                estimate = link_estimate(args.parameters, args.step_seconds, len(cols[0]), max_steps=args.max_steps)
+                estimate = link_estimate(args.parameters, args.step_seconds, len(cols[0]), overrides,
+                                         max_steps=args.max_steps)
                 print(estimate.describe())
                 if measured * len(rows[0]) < estimate.needed_mbits:
                     print("  note: the measured link is slower: the steps will wait on the exchange (raise "

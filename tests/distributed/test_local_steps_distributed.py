@@ -27,7 +27,8 @@ CASES = ["averaging", "habits,topology=2x2,value_dtype=int2", "habits,topology=4
          f"habits,topology=4x1,value_dtype=int4,overlap=delayed{LEADER}",
          f"resume,value_dtype=int4,overlap=delayed,outer_delay=2{LEADER}",
          f"habits,topology=2x2,value_dtype=int2{OWNER}", f"habits,topology=4x1,value_dtype=int4,overlap=delayed{OWNER}",
-         f"resume,value_dtype=int2,overlap=delayed,outer_delay=2{OWNER}", f"resume,value_dtype=int2{OWNER}"]
+         f"resume,value_dtype=int2,overlap=delayed,outer_delay=2{OWNER}", f"resume,value_dtype=int2{OWNER}",
+         f"finals{OWNER}", "finals"]
 INDICES = ",rate=0.0625"  # 4 of each 8 x 8 block: packed indices
 CASES8 = [f"habits,topology=2x4,value_dtype=int2{INDICES}",
           f"habits,topology=4x2,value_dtype=int2,overlap=delayed{INDICES}",
@@ -159,6 +160,20 @@ def test_resume_mid_round_continues_bit_identically(suite, case):
         assert ({"pending_delta", "pending_update"} <= set(result["keys"])) == ("delayed" in case)
         assert ({"leader_indices", "leader_scale"} <= set(result["keys"])) == (LEADER in case)
         assert ({"owner_feedback", "owner_result"} <= set(result["keys"])) == (OWNER in case)
+
+
+@pytest.mark.parametrize("case", [f"finals{OWNER}", "finals"])
+def test_on_the_uncompressed_wire_both_final_rounds_end_at_the_same_model(suite, case):
+    """With an exchange in flight, ``finish()`` on the compressed wire and on the dense one land the same model: for
+    ``replicator="owner"`` also the round its owners still held (two exchanges, or handed back to the senders)."""
+    ranks = [rank[case] for rank in suite]
+    for rank in ranks:
+        for name, value in rank["compressed"].items():
+            torch.testing.assert_close(value, rank["dense"][name], rtol=1e-5, atol=1e-6)
+        assert any(not torch.equal(rank["compressed"][n], rank["before"][n]) for n in rank["before"])
+    for a, b in [(0, 2), (1, 3)]:
+        for final in ("compressed", "dense"):
+            assert all(torch.equal(value, ranks[b][final][n]) for n, value in ranks[a][final].items())
 
 
 @pytest.mark.parametrize("case", ["nonfinite,bad=3", "nonfinite,bad=4"])

@@ -93,3 +93,15 @@ def test_the_estimates_the_docs_quote_are_the_doctors():
     for nodes, estimate in ((2, two), (8, eight)):
         assert (f"| {nodes} | {estimate.bits_per_param:.3g} | {estimate.mean_mbits:,.0f}, "
                 f"{estimate.needed_mbits:,.0f} |") in multi_node
+
+
+def test_the_owner_estimates_multi_node_quotes_are_the_doctors():
+    """docs/multi-node.md quotes ``--replicator owner`` at 2, 4 and 8 nodes: nearly flat in R."""
+    multi_node = (Path(__file__).resolve().parents[2] / "docs" / "multi-node.md").read_text()
+    table = multi_node.split('`replicator="owner"`: bits per parameter per step', 1)[1]
+    estimates = {nodes: link_estimate(1e9, 1.0, nodes, {"replicator": "owner"}) for nodes in (2, 4, 8)}
+    for nodes, estimate in estimates.items():
+        assert (f"| {nodes} | {estimate.bits_per_param:.3g} | {estimate.mean_mbits:,.0f}, "
+                f"{estimate.needed_mbits:,.0f} |") in table
+    assert estimates[2].bits_per_param == link_estimate(1e9, 1.0, 2).bits_per_param
+    assert estimates[8].bits_per_param <= 2 * estimates[2].bits_per_param

@@ -78,6 +78,7 @@ class OwnerReplicator(DemoReplicator):
     """The sender's side is ``demo``'s (:meth:`choose`, :meth:`encode`); the exchange and the decode are the owners'."""
 
     name = "owner"
+    lag = 1  # a round's mean lands with the exchange after it
 
     def _rows(self, stack: Stack) -> tuple[Tensor, ...]:
         return owned_rows(len(stack.states), stack.layout.num_blocks, self.group.size, stack.delta.device)

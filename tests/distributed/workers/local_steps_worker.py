@@ -134,6 +134,34 @@ def case_resume(args) -> dict:
                      "equal": all(torch.equal(expected[n], full(p)) for n, p in model.named_parameters())}, resumed)
 
 
+def case_finals(args) -> dict:
+    """Every value in float32 on ``args.replicator``'s wire, streamed: 2 rounds and a step (an exchange in flight),
+    then ``finish()`` on the compressed wire, and from the same ``state_dict`` on the dense one. On the uncompressed
+    wire both end at the same model (``replicator="owner"``: two exchanges, or the pipeline handed back first)."""
+    rounds = int(args.local_steps)
+    kwargs = dict(lr=3e-3, local_steps=rounds, value_dtype="float32", replicator=args.replicator, compression_rate=1.0,
+                  compression_chunk=8, compression_transform="none", overlap="delayed", outer_delay=1)
+    model, group = sharded(procs_per_node(args.topology))
+    opt = FlexDeMo(model.parameters(), replicate_group=group, **from_knobs(kwargs))
+    for step in range(2 * rounds + 1):
+        model(**batch(step, dist.get_rank())).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    saved, params = through_bytes(opt.state_dict()), [local(p).detach().clone() for p in model.parameters()]
+    with opt.consensus_parameters():
+        before = {n: full(p) for n, p in model.named_parameters()}
+    ended = {}
+    for final in ("compressed", "dense"):
+        with torch.no_grad():
+            for p, value in zip(model.parameters(), params):
+                local(p).copy_(value)
+        again = FlexDeMo(model.parameters(), replicate_group=group, **from_knobs(kwargs))
+        again.load_state_dict(saved)
+        again.finish(final=final)
+        ended[final] = {n: full(p) for n, p in model.named_parameters()}
+    return {"before": before, **ended}
+
+
 def case_nonfinite(args) -> dict:
     """The defaults (streamed local steps): rank 1's gradient is NaN at step ``bad``; every rank skips that round
     once and trains on. The anchors (what replicas share) after it and at the end, and whether all state is finite."""
