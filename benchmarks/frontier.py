@@ -1,7 +1,7 @@
 """The loss gap against bits: every 2,000-step run of the committed sweeps, one Pareto front per node count.
 
 Reads the sweeps at the ``--horizon`` preset (``sweep.py`` grids ``bits``, ``nodes``, ``nodes_outer``,
-``nodes_leader``, ``nodes_weak``, whichever are committed) and puts each FlexDeMo run at its bits per parameter per
+``nodes_leader``, ``nodes_owner``, ``nodes_weak``, whichever are committed) and puts each FlexDeMo run at its bits per parameter per
 step (sent per node, from the run's Trainer logs) and its final validation loss's gap against AdamW-HSDP on the same
 nodes, processes, batch scaling and seed, found in any of those files; a setting run with several seeds is one point,
 the mean of its seeds' gaps. A front holds the settings no other on the same nodes and scaling beats on both gap and
@@ -22,7 +22,7 @@ from typing import Any
 import harness
 
 HERE = Path(__file__).resolve().parent
-GRIDS = ("bits", "bits_outer", "nodes", "nodes_outer", "nodes_leader", "nodes_weak")
+GRIDS = ("bits", "bits_outer", "nodes", "nodes_outer", "nodes_leader", "nodes_owner", "nodes_weak")
 # the field's operating point (SparseLoCo in Covenant-72B, arXiv 2603.08163) and issue 32's targets, for the plot
 FIELD_BITS = 0.0073
 TARGET_BITS = 0.1
