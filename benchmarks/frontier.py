@@ -1,11 +1,11 @@
 """The loss gap against bits: every 2,000-step run of the committed sweeps, one Pareto front per node count.
 
 Reads the sweeps at the ``--horizon`` preset (``sweep.py`` grids ``bits``, ``nodes``, ``nodes_outer``,
-``nodes_leader``, ``nodes_owner``, ``nodes_weak``, whichever are committed) and puts each FlexDeMo run at its bits per parameter per
-step (sent per node, from the run's Trainer logs) and its final validation loss's gap against AdamW-HSDP on the same
-nodes, processes, batch scaling and seed, found in any of those files; a setting run with several seeds is one point,
-the mean of its seeds' gaps. A front holds the settings no other on the same nodes and scaling beats on both gap and
-bits. Nothing is trained: this reads results, and writes
+``nodes_leader``, ``nodes_owner``, ``nodes_weak``, whichever are committed) and puts each FlexDeMo run at its bits
+per parameter per step (sent per node, from the run's Trainer logs) and its final validation loss's gap against
+AdamW-HSDP on the same nodes, processes, batch scaling and seed, found in any of those files; a setting run with
+several seeds is one point, the mean of its seeds' gaps. A front holds the settings no other on the same nodes and
+scaling beats on both gap and bits. Nothing is trained: this reads results, and writes
 ``benchmarks/results/frontier.json`` and ``frontier.png``.
 
     python benchmarks/frontier.py
