@@ -38,6 +38,10 @@ round of every fragment in one collective (on a wire that lands a round an excha
 two), and every replica restarts from the anchor, which then holds every step trained. Weights loaded from outside
 become the anchor (:meth:`LocalSteps.adopt`).
 
+On a wire that lands a round an exchange late, each replica restarts from the anchor moved by its own share of the
+round in flight (:mod:`hf_flexdemo.optim.own_share`), so that it does not walk that round again; replicas then
+differ between exchanges in the non-streamed mode too, and the consensus is the anchor.
+
 ``feedback_decay`` decays what compression held back once per exchange. A skipped round (a non-finite
 pseudo-gradient on some rank) keeps the anchor, ``delta`` and the outer momentum, restarts every replica from the
 anchor, and zeroes the non-finite entries of the inner moments and of ``delta``. Streaming, a skipped landing also
@@ -63,6 +67,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from . import own_share
 from .mode import Mode
 from .one_replica import adamw_state, adamw_step
 from .plan import Bucket, Stack, local_shard, stack_rows
@@ -71,7 +76,7 @@ if TYPE_CHECKING:
     from ..wire.replicators import Replicator
     from .optimizer import FlexDeMo
 
-FLOAT32_KEYS = ("anchor", "outer_avg")  # besides delta, which the optimizer already keeps in float32
+FLOAT32_KEYS = ("anchor", "outer_avg", own_share.KEY)  # besides delta, which the optimizer keeps in float32
 LOCAL_KEY = "local"  # mid-round state_dict only: this rank's parameter shard
 
 
@@ -149,9 +154,16 @@ class LocalSteps(Mode):
         ``done % H == (f + 1) * H / F % H``."""
         return ((done % self.every) // self.slot - 1) % self.fragments
 
+    @property
+    def lags(self) -> bool:
+        """Whether the wire in use lands a round's consensus with the exchange after it (replicas then lean on their
+        own share of the round in flight)."""
+        return self.optimizer.exchange.replicator.lag > 0
+
     def new_state(self, state: dict[str, Any], p: Tensor, group: dict[str, Any]) -> dict[str, Any]:
         """``p``'s state, filled where missing: the inner AdamW's moments, the anchor (``p`` now), the error
-        feedback and, with outer momentum, its buffer (a single replica's state lacks all but the moments)."""
+        feedback, with outer momentum its buffer, and on a lagging wire the own share (a single replica's state
+        lacks all but the moments)."""
         adamw_state(state, p)
         if "anchor" not in state:
             shard = local_shard(p).detach()
@@ -159,6 +171,8 @@ class LocalSteps(Mode):
             state["delta"] = torch.zeros_like(shard, dtype=torch.float32)
         if self.momentum and "outer_avg" not in state:
             state["outer_avg"] = torch.zeros_like(state["anchor"])
+        if self.lags:
+            own_share.new_state(state, state["anchor"])
         return state
 
     def step(self, plan: list[Bucket]) -> None:
@@ -174,12 +188,16 @@ class LocalSteps(Mode):
                 self._launch(stacks)
                 skipped = engine.land(rule=self._outer)
                 self._restart(stacks, clean=skipped)
+                if self.lags and self.optimizer.drift_check_due():  # replicas agree here, before they lean
+                    self.optimizer.check_drift()
+                own_share.settle(stacks, lean=not skipped, outer_lr=self.lr)
             return
         skipped = False
         if (done - self.delay) % self.slot == 0 and (engine.in_flight or engine.held is not None):
             skipped = self._land(stacks, self.fragment_at(done - self.delay))
         if skipped:  # a replica went non-finite: so may this step's gradient and every fragment's progress since
             self._restart(stacks, clean=True)
+            own_share.forget(stacks)
         else:
             adamw_step(stacks)
         if done % self.slot == 0:
@@ -191,7 +209,14 @@ class LocalSteps(Mode):
                 torch._foreach_add_(list(held.unbind(0)), stack.shards())  # minus where the replica is then (_land)
 
     def _launch(self, stacks: list[Stack]) -> None:
-        self.optimizer.exchange.launch(stacks, step=self.optimizer.steps, momentum=self.pseudo_gradient)
+        def momentum(stack: Stack) -> Tensor:
+            pseudo_gradient = self.pseudo_gradient(stack)
+            own_share.capture(stack, pseudo_gradient)
+            return pseudo_gradient
+
+        engine = self.optimizer.exchange
+        engine.launch(stacks, step=self.optimizer.steps, momentum=momentum)
+        own_share.keep_sent(stacks, lags=self.lags)
 
     def _land(self, stacks: list[Stack], fragment: int) -> bool:
         """Streaming, before a step's inner update: wait for the exchange in flight (or take the one ``state_dict``
@@ -216,12 +241,14 @@ class LocalSteps(Mode):
         self._restart(stacks, clean=True)  # a non-finite round is only known now: clean the moments here
         if opt.drift_check_due():  # the one point of a round where replicas agree (on the fragment's parameters)
             opt.check_drift(None if self.fragments == 1 else self.members[fragment])
+        own_share.settle(stacks, lean=not pending["skip"], outer_lr=self.lr)
         return pending["skip"]
 
     def finish(self, plan: list[Bucket], final: Replicator | None) -> None:
         """Land the exchange in flight (streaming), then one final round of every fragment in one collective, on
         the optimizer's wire or on ``final``'s: every replica then holds the anchor, which carries every step
-        trained (what the final round's compression holds back stays in ``delta``)."""
+        trained (what the final round's compression holds back stays in ``delta``; on a lagging wire, what the last
+        round sent waits with the owners, as it would for the next exchange)."""
         engine, stacks = self.optimizer.exchange, [stack for bucket in plan for stack in bucket.stacks]
         if engine.in_flight or engine.held is not None:
             launched_at = engine.launched_at if engine.in_flight else engine.held["step"]
@@ -233,10 +260,11 @@ class LocalSteps(Mode):
             for stack in stacks:
                 own.release(stack, engine.workspace, k=engine.kept(stack))
         with engine.using(final):
-            for _ in range(rounds):
+            for remaining in reversed(range(rounds)):
                 self._launch(stacks)
                 skipped = engine.land(rule=self._outer)
                 self._restart(stacks, clean=skipped)
+                own_share.settle(stacks, lean=remaining > 0 and not skipped, outer_lr=self.lr)  # the last: the anchor
         self.synced = True
 
     def adopt(self, plan: list[Bucket]) -> None:
@@ -249,16 +277,18 @@ class LocalSteps(Mode):
                 state["delta"].zero_()
                 if "outer_avg" in state:
                     state["outer_avg"].zero_()
+            own_share.forget([stack])
         self.synced = True
 
     def agreed(self, steps: int) -> bool:
         """Whether every replica's parameters are the anchor between ``step()`` calls, before step ``steps``
         (0-based): after a round's exchange; with streaming only before the first step (they agree inside the
-        step that lands an exchange, where its drift check runs; with fragments, on the landed fragment only); and
-        after :meth:`finish` or :meth:`adopt`, until the next step."""
-        if self.synced:
+        step that lands an exchange, where its drift check runs; with fragments, on the landed fragment only; on a
+        lagging wire, where replicas lean on their own shares, likewise); and after :meth:`finish` or :meth:`adopt`,
+        until the next step."""
+        if self.synced or steps == 0:
             return True
-        return steps % self.every == 0 if not self.streaming else steps == 0
+        return steps % self.every == 0 and not self.streaming and not self.lags
 
     @staticmethod
     def _restart(stacks: list[Stack], *, clean: bool) -> None:
@@ -272,12 +302,13 @@ class LocalSteps(Mode):
                         torch.nan_to_num_(state[key], nan=0.0, posinf=0.0, neginf=0.0)
 
     def pseudo_gradient(self, stack: Stack) -> Tensor:
-        """The candidate error feedback ``decay * delta + (anchor - local)``, built in the stack's spare buffer
-        (streaming: ``delta + (anchor - local)``, ``delta`` having decayed when its round's exchange started)."""
+        """The candidate error feedback ``decay * delta + (restart point - local)``, built in the stack's spare
+        buffer (streaming: ``delta + ...``, ``delta`` having decayed when its round's exchange started); the restart
+        point is the anchor, on a lagging wire moved by the replica's own share."""
         decay = 1.0 if self.streaming else stack.group["feedback_decay"]
         out = torch.mul(stack.delta, decay, out=stack.take_spare())
         torch._foreach_sub_(list(out.unbind(0)), stack.shards())
-        return out.add_(stack_rows(stack.states, "anchor"))
+        return own_share.restart_point(stack, out.add_(stack_rows(stack.states, "anchor")), self.lr)
 
     def _outer(self, stack: Stack, q: Tensor) -> None:
         """Move the stack's anchor by its consensus ``Q``."""

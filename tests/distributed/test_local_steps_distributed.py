@@ -28,7 +28,7 @@ CASES = ["averaging", "habits,topology=2x2,value_dtype=int2", "habits,topology=4
          f"resume,value_dtype=int4,overlap=delayed,outer_delay=2{LEADER}",
          f"habits,topology=2x2,value_dtype=int2{OWNER}", f"habits,topology=4x1,value_dtype=int4,overlap=delayed{OWNER}",
          f"resume,value_dtype=int2,overlap=delayed,outer_delay=2{OWNER}", f"resume,value_dtype=int2{OWNER}",
-         f"finals{OWNER}", "finals"]
+         f"finals{OWNER}", "finals", f"lean{OWNER}", f"lean,overlap=delayed{OWNER}"]
 INDICES = ",rate=0.0625"  # 4 of each 8 x 8 block: packed indices
 CASES8 = [f"habits,topology=2x4,value_dtype=int2{INDICES}",
           f"habits,topology=4x2,value_dtype=int2,overlap=delayed{INDICES}",
@@ -159,7 +159,7 @@ def test_resume_mid_round_continues_bit_identically(suite, case):
         assert result["options"]["local_steps"] == 3 and result["options"]["outer_momentum"] == 0.9
         assert ({"pending_delta", "pending_update"} <= set(result["keys"])) == ("delayed" in case)
         assert ({"leader_indices", "leader_scale"} <= set(result["keys"])) == (LEADER in case)
-        assert ({"owner_feedback", "owner_result"} <= set(result["keys"])) == (OWNER in case)
+        assert ({"owner_feedback", "owner_result", "own_sent"} <= set(result["keys"])) == (OWNER in case)
 
 
 @pytest.mark.parametrize("case", [f"finals{OWNER}", "finals"])
@@ -174,6 +174,20 @@ def test_on_the_uncompressed_wire_both_final_rounds_end_at_the_same_model(suite,
     for a, b in [(0, 2), (1, 3)]:
         for final in ("compressed", "dense"):
             assert all(torch.equal(value, ranks[b][final][n]) for n, value in ranks[a][final].items())
+
+
+@pytest.mark.parametrize("case", [f"lean{OWNER}", f"lean,overlap=delayed{OWNER}"])
+def test_replicas_that_lean_on_their_own_share_walk_as_a_wire_that_lands_at_once(suite, case):
+    """Every node on the same data, on the uncompressed wire: ``replicator="owner"``, whose consensus lands a round
+    late, and ``"demo"``, whose lands at once, hold the same parameters after every step and at the end; only the
+    owner keeps a share."""
+    for rank in suite:
+        owner, demo = rank[case]["owner"], rank[case]["demo"]
+        for mine, theirs in [*zip(owner["steps"], demo["steps"]), (owner["final"], demo["final"])]:
+            for name, value in mine.items():
+                torch.testing.assert_close(value, theirs[name], rtol=1e-5, atol=1e-6)
+        assert any(not torch.equal(owner["final"][n], owner["steps"][0][n]) for n in owner["final"])
+        assert ("own_sent" in owner["keys"], "own_sent" in demo["keys"]) == (True, False)
 
 
 @pytest.mark.parametrize("case", ["nonfinite,bad=3", "nonfinite,bad=4"])

@@ -162,6 +162,29 @@ def case_finals(args) -> dict:
     return {"before": before, **ended}
 
 
+def case_lean(args) -> dict:
+    """Every node on the same data, every value in float32: ``args.replicator`` and ``replicator="demo"`` from the
+    same model, the full parameters after every step and after ``finish()``. A wire that lands a round late, whose
+    replicas lean on their own shares, walks the same trajectory as one that lands at once."""
+    rounds, procs = int(args.local_steps), procs_per_node(args.topology)
+    kwargs = dict(lr=3e-3, local_steps=rounds, value_dtype="float32", compression_rate=1.0, compression_chunk=8,
+                  compression_transform="none", overlap=args.overlap, outer_lr=0.7, outer_delay=1)
+    walked = {}
+    for replicator in (args.replicator, "demo"):
+        model, group = sharded(procs)
+        opt = FlexDeMo(model.parameters(), replicate_group=group, **from_knobs({**kwargs, "replicator": replicator}))
+        steps = []
+        for step in range(3 * rounds + 1):
+            model(**batch(step, dist.get_rank() % procs)).loss.backward()  # a node's data: the same on every node
+            opt.step()
+            opt.zero_grad()
+            steps.append({n: full(p) for n, p in model.named_parameters()})
+        opt.finish()
+        walked[replicator] = {"steps": steps, "final": {n: full(p) for n, p in model.named_parameters()},
+                              "keys": sorted({k for state in opt.state.values() for k in state})}
+    return walked
+
+
 def case_nonfinite(args) -> dict:
     """The defaults (streamed local steps): rank 1's gradient is NaN at step ``bad``; every rank skips that round
     once and trains on. The anchors (what replicas share) after it and at the end, and whether all state is finite."""
