@@ -569,6 +569,52 @@ def test_the_flat_exchange_row_is_the_json():
                    for line in PAGE.splitlines()) == 1, key
 
 
+OWNER_FILES = {"sweep_nodes_owner_lagged": "a round late", "sweep_nodes_owner": "leaning on its own share"}
+
+
+def _owner_gaps(name: str) -> dict[str, tuple[dict, float]]:
+    """Each run of one grid nodes_owner file and its gap against AdamW-HSDP on the same nodes (grid nodes at 8 x 1,
+    grid bits at 2 x 2, the same seed)."""
+    adamw = {8: result("sweep_nodes")["runs"]["adamw lr=0.003 nodes=8 procs_per_node=1 scaling=strong"],
+             2: result("sweep_bits")["runs"]["adamw lr=0.003"]}
+    return {key: (run, 100 * (run["final_eval_loss"] / adamw[run["knobs"].get("nodes", 2)]["final_eval_loss"] - 1))
+            for key, run in result(name)["runs"].items()}
+
+
+def test_the_owner_rows_are_the_json():
+    """"Received bytes flat in the number of nodes": each run of grid nodes_owner, a round late and leaning on its
+    own share, is one row (its final loss, its gap, a node's bits sent and received), and the prose quotes the same
+    figures and the clean commits the runs were at."""
+    owner8, owner2 = ("flexdemo lr=0.003 nodes=8 procs_per_node=1 replicator=owner scaling=strong",
+                      "flexdemo lr=0.003 replicator=owner scaling=strong")
+    exact8 = ("flexdemo lr=0.003 compression_rate=1 nodes=8 procs_per_node=1 replicator=owner scaling=strong "
+              "value_dtype=float32")
+    gaps = {}
+    for name, how in OWNER_FILES.items():
+        data = result(name)
+        assert all(not invocation["git_dirty"] for invocation in data["invocations"])
+        assert all(invocation["git_commit"][:7] in PROSE for invocation in data["invocations"])
+        gaps[name] = _owner_gaps(name)
+        for run, gap in gaps[name].values():
+            knobs, sent = run["knobs"], run["bytes_sent"]
+            exact = " (rate 1, float32)" if knobs.get("value_dtype") == "float32" else ""
+            label = "the dense mean at once" if knobs["replicator"] == "full" else how
+            row = (f"| {knobs.get('nodes', 2)} × {knobs.get('procs_per_node', 2)} | "
+                   f"`replicator=\"{knobs['replicator']}\"`{exact}, {label} | {run['final_eval_loss']:.3f} | "
+                   f"{gap:+.2f} % | {sent['bits_per_param_sent']:.3g}, {sent['bits_per_param_received']:.3g} |")
+            assert PAGE.splitlines().count(row) == 1, row
+    lagged, lean = gaps["sweep_nodes_owner_lagged"], gaps["sweep_nodes_owner"]
+    bits8, bits2 = (lean[key][0]["bytes_sent"]["bits_per_param_received"] for key in (owner8, owner2))
+    full8 = lagged["flexdemo lr=0.003 nodes=8 procs_per_node=1 replicator=full scaling=strong"][1]
+    phrases = (f"sends and receives {bits8:.3g} bits per parameter and step, {bits8 / bits2:.2f} × its {bits2:.3g}",
+               f"the loss was {lagged[owner8][1]:+.2f} % at 8 nodes and {lagged[owner2][1]:+.2f} % at 2",
+               f"the replicas reach {lean[owner8][1]:+.2f} % and {lean[owner2][1]:+.2f} %",
+               f"is {lagged[exact8][1]:+.2f} % a round late and {lean[exact8][1]:+.2f} % leaning, against "
+               f"{full8:+.2f} % for the dense mean")
+    for phrase in phrases:
+        assert phrase in PROSE, phrase
+
+
 def test_the_shared_positions_probe_is_the_json():
     """"Received bytes flat in the number of nodes": replicator="random" on the quick preset, its gap against the
     committed quick run's AdamW."""
