@@ -19,6 +19,7 @@ header, and each run its invocation's index (``invocation``), so a run names the
     python benchmarks/sweep.py nodes_owner  # replicator="owner" at R = 8 and 2 nodes, 2,000 steps
     python benchmarks/sweep.py bits       # the defaults and half their bits or less at 2 nodes, 2,000 steps
     python benchmarks/sweep.py rounds_by_length  # rounds of 4 and 8 at 1,000 steps, two seeds
+    python benchmarks/sweep.py sizes      # the frontier on the quick model and the d256 4 + 4 T5, 300 steps
     python benchmarks/sweep.py levers --only "flexdemo lr=0.003 compression_feedback=0.2 momentum=ema"
 """
 
@@ -45,10 +46,14 @@ RULE = {"update": "rmsprop"}
 # grid "local": the outer rules, SparseLoCo's (the mean, error feedback as the momentum) and DiLoCo's Nesterov
 OUTER = ({}, {"outer_lr": 0.7, "outer_momentum": 0.9})  # the update rule the long runs picked (grid "levers")
 HORIZON = ["--horizon", "--bleu_samples", "0"]
-# convergence.py flags (TrainingArguments fields and the topology), not FlexDeMoConfig fields
-RUN_FLAGS = ("adam_beta1", "seed", "nodes", "procs_per_node", "scaling")
-# What a gap is measured against: AdamW-HSDP from the same initialisation, on the same topology and global batch.
-REFERENCE_FLAGS = ("seed", "nodes", "procs_per_node", "scaling")
+# convergence.py flags (TrainingArguments fields, the topology and the model's size), not FlexDeMoConfig fields
+MODEL_FLAGS = ("d_model", "d_ff", "num_layers")
+RUN_FLAGS = ("adam_beta1", "seed", "nodes", "procs_per_node", "scaling", *MODEL_FLAGS)
+# What a gap is measured against: AdamW-HSDP from the same initialisation, on the same topology, global batch and model.
+REFERENCE_FLAGS = ("seed", "nodes", "procs_per_node", "scaling", *MODEL_FLAGS)
+# The issue's second model size: the T5 of convergence.py's full preset (4 + 4 layers, d256) on the quick preset's
+# tokenizer and batch, so that the model's size is all that differs from the quick model.
+D256 = {"d_model": 256, "d_ff": 1024, "num_layers": 4}
 # R nodes as convergence.py runs them: 2 x 2 (the reference topology), and 8 processes as 4 x 2 and 8 x 1.
 NODE_TOPOLOGIES = ({}, {"nodes": 4, "procs_per_node": 2}, {"nodes": 8, "procs_per_node": 1})
 
@@ -336,6 +341,16 @@ GRIDS: dict[str, dict[str, Any]] = {
             *(_run(method, 3e-3, **knobs, **seed) for seed in ({}, {"seed": 7})
               for method, knobs in (("adamw", {}), ("flexdemo", {}), ("flexdemo", {"outer_delay": 2}))),
             *(_run("flexdemo", 3e-3, local_steps=4, **seed) for seed in ({}, {"seed": 7})),
+        ],
+    },
+    # The frontier at two model sizes (issue 32): AdamW-HSDP, the defaults and a sixteenth of each block (half their
+    # bits or less) on the quick model (1.4 M parameters) and on the d256 4 + 4 T5 (8.4 M), 300 steps at 2 x 2, side
+    # by side in one run. The d256 model takes about 8x the quick model's step, so the short horizon is what fits.
+    "sizes": {
+        "argv": [*QUICK, "--timeout_s", "3600"],
+        "runs": [
+            *(_run(method, 3e-3, **size, **knobs) for size in ({}, D256)
+              for method, knobs in (("adamw", {}), ("flexdemo", {}), ("flexdemo", {"compression_rate": 1 / 16}))),
         ],
     },
     # Rounds of 4 against the defaults' 8 at 1,000 steps, two seeds: where between the smoke test (rounds of 4 ahead by

@@ -598,6 +598,7 @@ def test_the_owner_rows_are_the_json():
         for run, gap in gaps[name].values():
             knobs, sent = run["knobs"], run["bytes_sent"]
             exact = " (rate 1, float32)" if knobs.get("value_dtype") == "float32" else ""
+            exact += f" at `outer_lr={knobs['outer_lr']:g}`" if "outer_lr" in knobs else ""
             label = "the dense mean at once" if knobs["replicator"] == "full" else how
             row = (f"| {knobs.get('nodes', 2)} × {knobs.get('procs_per_node', 2)} | "
                    f"`replicator=\"{knobs['replicator']}\"`{exact}, {label} | {run['final_eval_loss']:.3f} | "
