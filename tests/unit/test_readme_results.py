@@ -587,6 +587,7 @@ def test_the_owner_rows_are_the_json():
     figures and the clean commits the runs were at."""
     owner8, owner2 = ("flexdemo lr=0.003 nodes=8 procs_per_node=1 replicator=owner scaling=strong",
                       "flexdemo lr=0.003 replicator=owner scaling=strong")
+    owner8_lr1 = "flexdemo lr=0.003 nodes=8 outer_lr=1 procs_per_node=1 replicator=owner scaling=strong"
     exact8 = ("flexdemo lr=0.003 compression_rate=1 nodes=8 procs_per_node=1 replicator=owner scaling=strong "
               "value_dtype=float32")
     gaps = {}
@@ -611,7 +612,9 @@ def test_the_owner_rows_are_the_json():
                f"the loss was {lagged[owner8][1]:+.2f} % at 8 nodes and {lagged[owner2][1]:+.2f} % at 2",
                f"the replicas reach {lean[owner8][1]:+.2f} % and {lean[owner2][1]:+.2f} %",
                f"is {lagged[exact8][1]:+.2f} % a round late and {lean[exact8][1]:+.2f} % leaning, against "
-               f"{full8:+.2f} % for the dense mean")
+               f"{full8:+.2f} % for the dense mean",
+               f"the owner reaches {lean[owner8_lr1][1]:+.2f} % at 8 nodes, against {lean[owner8][1]:+.2f} % at the "
+               "default 2")
     for phrase in phrases:
         assert phrase in PROSE, phrase
 
