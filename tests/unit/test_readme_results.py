@@ -632,17 +632,26 @@ def test_the_shared_positions_probe_is_the_json():
            f"+{quick['final_eval_loss_gap_vs_adamw_pct']['flexdemo']:.2f} %" in PROSE
 
 
+MODEL_SIZE = ("d_model", "d_ff", "num_layers")  # grid sizes' run flags; absent: the quick model
+
+
+def _same_start(run: dict) -> tuple:
+    """What a run's AdamW-HSDP reference shares with it: the seed and the model's size."""
+    return tuple(run["knobs"].get(flag) for flag in ("seed", *MODEL_SIZE))
+
+
 def _assert_one_row_per_run(runs: dict, reference: dict) -> None:
     """Every run of a 2-node sweep is one row of the page (its key, maybe with a note after it): its final loss, its
-    gap against the AdamW-HSDP run of its seed in ``reference``, and the bits per parameter and step a node sends."""
-    adamw = {r["knobs"].get("seed"): r["final_eval_loss"] for r in reference.values() if r["method"] == "adamw"}
+    gap against the AdamW-HSDP run of its seed and model in ``reference``, and the bits per parameter and step a node
+    sends."""
+    adamw = {_same_start(r): r["final_eval_loss"] for r in reference.values() if r["method"] == "adamw"}
     lines = PAGE.splitlines()
     for key, run in runs.items():
         assert run["status"] == "ok", key
         if run["method"] == "adamw":
             cells = f"| {run['final_eval_loss']:.3f} | – | 16 (bf16) |"
         else:
-            gap = 100 * (run["final_eval_loss"] / adamw[run["knobs"].get("seed")] - 1)
+            gap = 100 * (run["final_eval_loss"] / adamw[_same_start(run)] - 1)
             cells = f"| {run['final_eval_loss']:.3f} | {gap:+.2f} % | {run['bytes_sent']['bits_per_param_sent']:.3g} |"
         assert sum(line.startswith(f"| `{key}`") and line.endswith(cells) for line in lines) == 1, key
 
@@ -724,3 +733,31 @@ def test_the_time_to_target_on_links_of_1_2_10_is_the_json(name, commit):
         adamw = data["vs_compute_only"]["10"]
         assert (f"| {' / '.join(ratios)} | at 10 Mbit/s ≥ {adamw['adamw_lower_bound']:.2f} (stopped by the budget; "
                 f"{adamw['adamw_projected']:.2f} projected) |") in README
+
+
+def test_the_two_model_sizes_table_is_the_json():
+    """"A second model size": every run of grid sizes is one row, the fronts quote the mean of the two seeds' gaps
+    on each model, and the parameter counts are the models' own."""
+    from transformers import T5ForConditionalGeneration
+
+    from hf_flexdemo.seq2seq.tiny_t5 import tiny_t5_config
+
+    data = result("sweep_sizes")
+    assert all(not i["git_dirty"] and i["git_commit"][:7] in PROSE for i in data["invocations"])
+    _assert_one_row_per_run(data["runs"], reference=data["runs"])
+    runs = data["runs"]
+    for size, knobs in (("the quick model", {}), ("the d256 model", {"d_model": 256, "d_ff": 1024, "num_layers": 4})):
+        settings = data["settings"]
+        config = tiny_t5_config(settings["vocab_size"], d_model=knobs.get("d_model", settings["d_model"]),
+                                num_layers=knobs.get("num_layers", settings["num_layers"]),
+                                num_heads=settings["num_heads"], d_ff=knobs.get("d_ff", settings["d_ff"]))
+        parameters = sum(p.numel() for p in T5ForConditionalGeneration(config).parameters())
+        tail = "".join(f" {k}={v}" for k, v in sorted(knobs.items()))
+        front = []
+        for rate in ("", " compression_rate=0.0625"):
+            seeds = [runs[f"flexdemo lr=0.003{rate}{tail}{seed}"] for seed in ("", " seed=7")]
+            gaps = [100 * (run["final_eval_loss"] / runs[f"adamw lr=0.003{tail}{seed}"]["final_eval_loss"] - 1)
+                    for run, seed in zip(seeds, ("", " seed=7"))]
+            front.append(f"{seeds[0]['bytes_sent']['bits_per_param_sent']:.3g} bits at {sum(gaps) / 2:+.2f} % "
+                         f"({gaps[0]:+.2f} / {gaps[1]:+.2f})")
+        assert f"{size} ({parameters / 1e6:.2f} M parameters): {front[0]}, {front[1]}" in PROSE
