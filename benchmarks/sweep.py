@@ -53,7 +53,7 @@ RUN_FLAGS = ("adam_beta1", "seed", "nodes", "procs_per_node", "scaling", *MODEL_
 REFERENCE_FLAGS = ("seed", "nodes", "procs_per_node", "scaling", *MODEL_FLAGS)
 # The second model size: the T5 of convergence.py's full preset (4 + 4 layers, d256) on the quick preset's
 # tokenizer and batch, so that the model's size is all that differs from the quick model.
-D256 = {"d_model": 256, "d_ff": 1024, "num_layers": 4}
+D256 = {flag: convergence.PRESETS["full"][flag] for flag in MODEL_FLAGS}
 # R nodes as convergence.py runs them: 2 x 2 (the reference topology), and 8 processes as 4 x 2 and 8 x 1.
 NODE_TOPOLOGIES = ({}, {"nodes": 4, "procs_per_node": 2}, {"nodes": 8, "procs_per_node": 1})
 

@@ -531,9 +531,18 @@ def test_the_headline_node_scaling_gaps_are_the_json():
     assert f"| +{two:.2f} % / {cell}" in README
 
 
+MODEL_SIZE = ("d_model", "d_ff", "num_layers")  # grid sizes' run flags; absent: the quick model
+
+
+def _same_start(run: dict) -> tuple:
+    """What a run's AdamW-HSDP reference shares with it: the seed and the model's size."""
+    return tuple(run["knobs"].get(flag) for flag in ("seed", *MODEL_SIZE))
+
+
 def _seed_gaps(runs: dict, key: str) -> list[float]:
-    """Run ``key``'s final gap (%) against the AdamW-HSDP run of its seed, with seeds 42 and 7."""
-    return [100 * (runs[f"{key}{tail}"]["final_eval_loss"] / runs[f"adamw lr=0.003{tail}"]["final_eval_loss"] - 1)
+    """Run ``key``'s final gap (%) against the AdamW-HSDP run of its seed and model, with seeds 42 and 7."""
+    adamw = {_same_start(r): r["final_eval_loss"] for r in runs.values() if r["method"] == "adamw"}
+    return [100 * (runs[f"{key}{tail}"]["final_eval_loss"] / adamw[_same_start(runs[f"{key}{tail}"])] - 1)
             for tail in ("", " seed=7")]
 
 
@@ -630,14 +639,6 @@ def test_the_shared_positions_probe_is_the_json():
     assert f"AdamW's {adamw:.3f}" in PROSE
     assert f"+{100 * (loss / adamw - 1):.2f} % where the defaults' own top-k is " \
            f"+{quick['final_eval_loss_gap_vs_adamw_pct']['flexdemo']:.2f} %" in PROSE
-
-
-MODEL_SIZE = ("d_model", "d_ff", "num_layers")  # grid sizes' run flags; absent: the quick model
-
-
-def _same_start(run: dict) -> tuple:
-    """What a run's AdamW-HSDP reference shares with it: the seed and the model's size."""
-    return tuple(run["knobs"].get(flag) for flag in ("seed", *MODEL_SIZE))
 
 
 def _assert_one_row_per_run(runs: dict, reference: dict) -> None:
@@ -745,19 +746,19 @@ def test_the_two_model_sizes_table_is_the_json():
     data = result("sweep_sizes")
     assert all(not i["git_dirty"] and i["git_commit"][:7] in PROSE for i in data["invocations"])
     _assert_one_row_per_run(data["runs"], reference=data["runs"])
-    runs = data["runs"]
-    for size, knobs in (("the quick model", {}), ("the d256 model", {"d_model": 256, "d_ff": 1024, "num_layers": 4})):
-        settings = data["settings"]
+    runs, settings = data["runs"], data["settings"]
+    sizes = [run["knobs"] for run in runs.values() if run["method"] == "adamw" and "seed" not in run["knobs"]]
+    assert len(sizes) == 2  # the quick model and the d256 model
+    for knobs in sizes:
+        size = "the d256 model" if knobs else "the quick model"
         config = tiny_t5_config(settings["vocab_size"], d_model=knobs.get("d_model", settings["d_model"]),
                                 num_layers=knobs.get("num_layers", settings["num_layers"]),
                                 num_heads=settings["num_heads"], d_ff=knobs.get("d_ff", settings["d_ff"]))
         parameters = sum(p.numel() for p in T5ForConditionalGeneration(config).parameters())
         tail = "".join(f" {k}={v}" for k, v in sorted(knobs.items()))
         front = []
-        for rate in ("", " compression_rate=0.0625"):
-            seeds = [runs[f"flexdemo lr=0.003{rate}{tail}{seed}"] for seed in ("", " seed=7")]
-            gaps = [100 * (run["final_eval_loss"] / runs[f"adamw lr=0.003{tail}{seed}"]["final_eval_loss"] - 1)
-                    for run, seed in zip(seeds, ("", " seed=7"))]
-            front.append(f"{seeds[0]['bytes_sent']['bits_per_param_sent']:.3g} bits at {sum(gaps) / 2:+.2f} % "
+        for key in (f"flexdemo lr=0.003{tail}", f"flexdemo lr=0.003 compression_rate=0.0625{tail}"):
+            gaps = _seed_gaps(runs, key)
+            front.append(f"{runs[key]['bytes_sent']['bits_per_param_sent']:.3g} bits at {sum(gaps) / 2:+.2f} % "
                          f"({gaps[0]:+.2f} / {gaps[1]:+.2f})")
         assert f"{size} ({parameters / 1e6:.2f} M parameters): {front[0]}, {front[1]}" in PROSE
