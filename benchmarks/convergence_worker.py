@@ -173,6 +173,15 @@ class FinalRounds(TrainerCallback):
         return self.trainer.evaluate(metric_key_prefix=f"final_round_{name}")[f"final_round_{name}_loss"]
 
 
+def ran_config(trainer: Any) -> dict[str, Any]:
+    """The run's FlexDeMoConfig as it ran: local_steps resolved for the run's length (the trainer's config) and the
+    outer step resolved on its nodes (the optimizer's)."""
+    config = asdict(trainer.flexdemo_config)
+    if trainer.flexdemo_optimizer is not None:
+        config["outer_lr"] = trainer.flexdemo_optimizer.options["outer_lr"]
+    return config
+
+
 def main() -> None:
     args = parse_args()
     training_args = Seq2SeqTrainingArguments(
@@ -226,7 +235,7 @@ def main() -> None:
         result = {
             "method": args.method,
             "lr": args.lr,
-            "flexdemo_config": asdict(trainer.flexdemo_config),  # local_steps resolved for the run
+            "flexdemo_config": ran_config(trainer),
             "topology": topology.as_dict(),
             "parameters": parameters,
             "vocab_size": len(tokenizer),

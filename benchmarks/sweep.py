@@ -63,6 +63,14 @@ def _run(method: str, lr: float, **knobs: Any) -> dict[str, Any]:
     return {"method": method, "lr": lr, "knobs": knobs}
 
 
+def pinned_knobs(grid: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
+    """What a run of ``grid`` sets: its pin, the pin for its number of nodes, then its own knobs (AdamW: its own)."""
+    if run["method"] == "adamw":
+        return run["knobs"]
+    by_nodes = grid.get("pin_by_nodes", {}).get(run["knobs"].get("nodes", 2), {})
+    return {**grid.get("pin", {}), **by_nodes, **run["knobs"]}
+
+
 def _local(steps: int, *, rate: float = 1 / 4, value_dtype: str = "int2", **knobs: Any) -> dict[str, Any]:
     """A local-steps run at AdamW's lr on 32 x 32 blocks (grids "local" and "local_long")."""
     return _run("flexdemo", 3e-3, local_steps=steps, compression_rate=rate, compression_chunk=32,
@@ -81,6 +89,9 @@ def _local(steps: int, *, rate: float = 1 / 4, value_dtype: str = "int2", **knob
 # grids of the 2,000-step horizon and "outer_delay" streamed each fragment's exchange to land one step after it
 # started unless a run said outer_delay (the default now travels until the next fragment's starts: 2 at H = 8).
 MEAN_OUTER = {"outer_lr": 1.0}
+# A grid's "pin_by_nodes": its pin for the runs on that many nodes. Runs with replicator="full" or "owner" that left
+# outer_lr to the package ran sqrt(R / 2), the rule for every replicator until those two took 1: 2 at 8 nodes.
+ALL_GATHER_OUTER_AT_8 = {8: {"outer_lr": 2.0}}
 LANDING_NEXT = {"outer_delay": 1}
 # Grid "outer_delay" (300 steps) ran the default rounds of 8 before local_steps=None followed the run's length (rounds
 # of 4 under 1,000 steps now).
@@ -231,6 +242,7 @@ GRIDS: dict[str, dict[str, Any]] = {
     "nodes_weak": {
         "argv": HORIZON,
         "pin": LANDING_NEXT,
+        "pin_by_nodes": ALL_GATHER_OUTER_AT_8,
         "runs": [
             *(_run(method, 3e-3, nodes=8, procs_per_node=1, scaling="weak") for method in ("flexdemo", "adamw")),
             _run("flexdemo", 3e-3, nodes=8, procs_per_node=1, scaling="weak", outer_lr=1.0),
@@ -284,6 +296,7 @@ GRIDS: dict[str, dict[str, Any]] = {
     "nodes_owner": {
         "argv": HORIZON,
         "pin": LANDING_NEXT,
+        "pin_by_nodes": ALL_GATHER_OUTER_AT_8,
         "runs": [
             _run("flexdemo", 3e-3, nodes=8, procs_per_node=1, scaling="strong", replicator="owner"),
             _run("flexdemo", 3e-3, scaling="strong", replicator="owner"),
@@ -490,6 +503,7 @@ def main() -> None:
         report.pop(name, None)  # the latest invocation's header goes on top (Run.write)
     settings = convergence.parse_args(grid["argv"])
     report.update(grid=args.grid, convergence_argv=grid["argv"], pin=grid.get("pin", {}),
+                  pin_by_nodes=grid.get("pin_by_nodes", {}),
                   settings=convergence.settings(settings))
     wanted = [r for r in grid["runs"] if not args.only or run_key(r) in args.only]
     with tempfile.TemporaryDirectory(prefix="fdm-sweep-") as scratch:
@@ -498,8 +512,7 @@ def main() -> None:
             if key in report["runs"] and report["runs"][key]["status"] == "ok":
                 continue
             training = [f"--{k}={v}" for k, v in run["knobs"].items() if k in RUN_FLAGS]
-            pinned = {**grid.get("pin", {}), **run["knobs"]} if run["method"] != "adamw" else run["knobs"]
-            knobs = [f"{k}={v}" for k, v in pinned.items() if k not in RUN_FLAGS]
+            knobs = [f"{k}={v}" for k, v in pinned_knobs(grid, run).items() if k not in RUN_FLAGS]
             options = convergence.parse_args([*grid["argv"], *training, *(["--flexdemo", *knobs] if knobs else [])])
             start = time.monotonic()
             result = convergence.summarize(convergence.run_method(options, run["method"], run["lr"], 0, Path(scratch)))

@@ -154,7 +154,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("outer_lr", None, float | None, "The anchor moves by outer_lr times the replicas' mean pseudo-gradient. None "
          "(the default): sqrt(R / 2) on R nodes, at least 1 (1 at 2 nodes, 1.41 at 4, 2 at 8), resolved at "
          "construction and again on a resume on other nodes: the mean of R AdamW updates, each on 1/R of the "
-         "batch, is shorter than one update on their mean.", modes=LOCAL, policy="outer", field="lr",
+         "batch, is shorter than one update on their mean; 1 with replicator='full' or 'owner', which land a mean "
+         "of the pseudo-gradients and overshoot at 2.", modes=LOCAL, policy="outer", field="lr",
          ok=lambda v: v is None or (_number(v) and v > 0),
          accepted="None or a float > 0 (1.0: the anchor moves by the mean)"),
     Knob("outer_momentum", 0.0, float, "Nesterov momentum of that outer step (DiLoCo: outer_lr 0.7, 0.9); 0: plain "
@@ -304,10 +305,19 @@ def resolve_transform(transform: str, local_steps: int) -> str:
     return "none" if local_steps > 1 else "dct"
 
 
-def resolve_outer_lr(outer_lr: float | None, replicas: int) -> float:
-    """``outer_lr=None``'s choice on ``replicas`` nodes: ``sqrt(replicas / 2)``, at least 1 (docs/results.md "Loss
-    against the number of nodes"); any other value as given."""
-    return outer_lr if outer_lr is not None else max(1.0, math.sqrt(replicas / 2))
+# Replicators whose exchange lands a mean of the nodes' pseudo-gradients (dense, or the top-k of that mean): at 8 nodes
+# their outer step is best at 1, where the all-gather of each node's own top-k wants 2 (docs/results.md "Received bytes
+# flat in the number of nodes").
+MEAN_REPLICATORS: tuple[str, ...] = ("full", "owner")
+
+
+def resolve_outer_lr(outer_lr: float | None, replicas: int, replicator: str) -> float:
+    """``outer_lr=None``'s choice on ``replicas`` nodes: for the all-gather of each node's top-k (and the other
+    sparse replicators), ``sqrt(replicas / 2)``, at least 1 (docs/results.md "Loss against the number of nodes"); for
+    :data:`MEAN_REPLICATORS`, 1. Any other value as given."""
+    if outer_lr is not None:
+        return outer_lr
+    return 1.0 if replicator in MEAN_REPLICATORS else max(1.0, math.sqrt(replicas / 2))
 
 
 def resolve_outer_fragments(fragments: int | None, local_steps: int, overlap: str, outer_delay: int | None) -> int:

@@ -115,7 +115,8 @@ class FlexDeMo(StateDictMixin, DriftChecking, Optimizer):
         # the outer step's default follows the nodes, here and on a resume on other nodes (step-wise: unread)
         self.outer_lr_follows_nodes = self.options["outer_lr"] is None
         if self.options["local_steps"] > 1:
-            self.options["outer_lr"] = knobs.resolve_outer_lr(self.options["outer_lr"], self.replicate.size)
+            self.options["outer_lr"] = knobs.resolve_outer_lr(self.options["outer_lr"], self.replicate.size,
+                                                             self.options["replicator"])
         first = next(p for group in self.param_groups for p in group["params"])
         self.device = local_shard(first).device
         if shard_group is None and isinstance(first, DTensor) and first.device_mesh.ndim == 1:

@@ -78,7 +78,7 @@ class StateDictMixin:
         self.outer_lr_follows_nodes = follows
         if not follows or self.options["local_steps"] == 1:
             return
-        resolved = knobs.resolve_outer_lr(None, self.replicate.size)
+        resolved = knobs.resolve_outer_lr(None, self.replicate.size, self.options["replicator"])
         if resolved != self.options["outer_lr"]:
             logger.info("FlexDeMo: outer_lr follows the nodes: %g in the checkpoint, %g on %d node(s) now.",
                         self.options["outer_lr"], resolved, self.replicate.size)

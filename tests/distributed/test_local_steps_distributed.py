@@ -144,9 +144,11 @@ def test_bytes_equal_the_formula_on_exchange_steps_only(suite, case):
 
 @pytest.mark.parametrize("case", HABITS)
 def test_the_outer_step_follows_the_nodes(suite, case):
-    """outer_lr's default, resolved at construction from the replicate group: sqrt(R / 2), at least 1."""
+    """outer_lr's default, resolved at construction from the replicate group and the replicator: sqrt(R / 2), at
+    least 1; 1 where the replicator lands a mean (owner)."""
     nodes = _topology(case)[0]
-    assert {rank[case]["outer_lr"] for rank in suite} == {{2: 1.0, 4: math.sqrt(2), 8: 2.0}[nodes]}
+    expected = 1.0 if _option(case, "replicator", "demo") == "owner" else {2: 1.0, 4: math.sqrt(2), 8: 2.0}[nodes]
+    assert {rank[case]["outer_lr"] for rank in suite} == {expected}
 
 
 @pytest.mark.parametrize("case", RESUMES)

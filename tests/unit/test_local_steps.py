@@ -14,6 +14,7 @@ from torch import nn
 from hf_flexdemo import FlexDeMo, FlexDeMoConfig, knobs
 from hf_flexdemo.optim import local_steps
 from hf_flexdemo.policies import CompressionPolicy, OuterPolicy, from_knobs
+from hf_flexdemo.trainer.model_card import training_mode
 from hf_flexdemo.wire import compression, quantize
 from hf_flexdemo.wire.collectives import pack, unpack
 from hf_flexdemo.wire.dct import BlockLayout
@@ -487,7 +488,17 @@ def test_one_non_finite_gradient_costs_one_round_and_training_goes_on(knobs, bad
 @pytest.mark.parametrize(("replicas", "given", "resolved"), [(1, None, 1.0), (2, None, 1.0), (3, None, math.sqrt(1.5)),
                                                              (8, None, 2.0), (32, None, 4.0), (8, 0.5, 0.5)])
 def test_the_outer_step_defaults_to_the_square_root_of_half_the_nodes(replicas, given, resolved):
-    assert knobs.resolve_outer_lr(given, replicas) == resolved
+    assert knobs.resolve_outer_lr(given, replicas, "demo") == resolved
+
+
+@pytest.mark.parametrize("replicator", ["full", "owner"])
+@pytest.mark.parametrize(("replicas", "given", "resolved"), [(2, None, 1.0), (8, None, 1.0), (32, None, 1.0),
+                                                             (8, 2.0, 2.0)])
+def test_replicators_that_land_a_mean_default_to_the_mean_itself(replicator, replicas, given, resolved):
+    """The dense mean and the owners' top-k of the mean overshoot at sqrt(R / 2): their default step is 1."""
+    assert knobs.resolve_outer_lr(given, replicas, replicator) == resolved
+    described = training_mode(FlexDeMoConfig(replicator=replicator, outer_lr=given), replicas)
+    assert f"outer lr {resolved:g}" in described
 
 
 def test_one_node_resolves_the_outer_step_and_records_it():
@@ -502,7 +513,7 @@ def test_a_resume_on_other_nodes_resolves_a_default_outer_step_again(given, load
     saved = FlexDeMo(mlp().parameters(), outer=OuterPolicy(lr=given),
                      compression=CompressionPolicy(replicator="none")).state_dict()
     assert saved["flexdemo"]["outer_lr_follows_nodes"] is (given is None)
-    saved["flexdemo"]["options"]["outer_lr"] = knobs.resolve_outer_lr(given, 8)  # as written on 8 nodes
+    saved["flexdemo"]["options"]["outer_lr"] = knobs.resolve_outer_lr(given, 8, "demo")  # as written on 8 nodes
     opt = FlexDeMo(mlp().parameters(), outer=OuterPolicy(lr=3.0), compression=CompressionPolicy(replicator="none"))
     with caplog.at_level(logging.INFO, logger="hf_flexdemo"):
         opt.load_state_dict(saved)

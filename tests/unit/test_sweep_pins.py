@@ -51,15 +51,18 @@ def grid_length(sweep, grid: str) -> int:
 def test_a_rerun_builds_the_configuration_each_committed_run_recorded(sweep, grid):
     pairs = committed_runs(sweep, grid)
     assert pairs, f"no committed FlexDeMo run of grid {grid!r}"
-    pin = sweep.GRIDS[grid].get("pin", {})
     for run, record in pairs:
-        knobs = {k: v for k, v in {**pin, **run["knobs"]}.items() if k not in sweep.RUN_FLAGS}
+        knobs = {k: v for k, v in sweep.pinned_knobs(sweep.GRIDS[grid], run).items() if k not in sweep.RUN_FLAGS}
         max_steps = grid_length(sweep, grid)  # local_steps=None follows it
-        rebuilt = dataclasses.asdict(FlexDeMoConfig(method=run["method"], **knobs).for_run(max_steps))
-        # outer_lr's default (None) resolves on the run's nodes (2 unless it says nodes): at 2, to the 1.0 recorded
-        rebuilt["outer_lr"] = knobs_module.resolve_outer_lr(rebuilt["outer_lr"], run["knobs"].get("nodes", 2))
-        recorded = dict(record["flexdemo_config"])  # a run at the default records None, resolved on its nodes
-        recorded["outer_lr"] = knobs_module.resolve_outer_lr(recorded.get("outer_lr"), run["knobs"].get("nodes", 2))
+        config = FlexDeMoConfig(method=run["method"], **knobs).for_run(max_steps)
+        rebuilt = dataclasses.asdict(config)
+        # outer_lr's default (None) resolves on the run's nodes (2 unless it says nodes) and its replicator
+        nodes = run["knobs"].get("nodes", 2)
+        rebuilt["outer_lr"] = knobs_module.resolve_outer_lr(rebuilt["outer_lr"], nodes, config.replicator)
+        # A record holds the outer step that ran; the records from before it did hold None, which then resolved to
+        # sqrt(R / 2) whatever the replicator.
+        recorded = dict(record["flexdemo_config"])
+        recorded["outer_lr"] = knobs_module.resolve_outer_lr(recorded.get("outer_lr"), nodes, "demo")
         differing = {field: (value, rebuilt[field]) for field, value in recorded.items()
                      if field in rebuilt and field not in NOT_COMPARED and rebuilt[field] != value}
         assert not differing, f"{sweep.run_key(run)}: recorded vs rebuilt {differing}"
