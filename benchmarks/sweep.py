@@ -535,13 +535,16 @@ def main() -> None:
     def reference_key(run: dict[str, Any]) -> tuple[Any, ...]:
         return tuple(run["knobs"].get(flag) for flag in REFERENCE_FLAGS)
 
-    references = {}  # AdamW's final loss per REFERENCE_FLAGS: a run's gap is against its AdamW-HSDP
+    # AdamW's final loss per REFERENCE_FLAGS, and per REFERENCE_FLAGS and lr: a run's gap is against its AdamW-HSDP
+    # at the same lr where the grid has one, else at the grid's first
+    references: dict[tuple[Any, ...], float] = {}
     for r in report["runs"].values():
         if r["method"] == "adamw" and r["status"] == "ok":
             references.setdefault(reference_key(r), r["final_eval_loss"])
+            references.setdefault((*reference_key(r), r["lr"]), r["final_eval_loss"])
     for key, r in report["runs"].items():
         row = {"key": key, "method": r["method"], "status": r["status"]}
-        reference = references.get(reference_key(r))
+        reference = references.get((*reference_key(r), r["lr"]), references.get(reference_key(r)))
         if r["status"] == "ok":
             row |= {"final_eval_loss": r["final_eval_loss"], "bytes_per_step": r["bytes_sent"]["per_step"],
                     "train_wall_seconds": r["train_wall_seconds"],

@@ -535,12 +535,12 @@ MODEL_SIZE = ("d_model", "d_ff", "num_layers")  # grid sizes' run flags; absent:
 
 
 def _same_start(run: dict) -> tuple:
-    """What a run's AdamW-HSDP reference shares with it: the seed and the model's size."""
-    return tuple(run["knobs"].get(flag) for flag in ("seed", *MODEL_SIZE))
+    """What a run's AdamW-HSDP reference shares with it: the learning rate, the seed and the model's size."""
+    return (run["lr"], *(run["knobs"].get(flag) for flag in ("seed", *MODEL_SIZE)))
 
 
 def _seed_gaps(runs: dict, key: str) -> list[float]:
-    """Run ``key``'s final gap (%) against the AdamW-HSDP run of its seed and model, with seeds 42 and 7."""
+    """Run ``key``'s final gap (%) against the AdamW-HSDP run of its lr, seed and model, with seeds 42 and 7."""
     adamw = {_same_start(r): r["final_eval_loss"] for r in runs.values() if r["method"] == "adamw"}
     return [100 * (runs[f"{key}{tail}"]["final_eval_loss"] / adamw[_same_start(runs[f"{key}{tail}"])] - 1)
             for tail in ("", " seed=7")]
