@@ -1,12 +1,12 @@
-"""The loss gap against bits: every 2,000-step run of the committed sweeps, one Pareto front per node count.
+"""The loss gap against bits: every 2,000-step run of the committed sweeps, one Pareto front per node count and model.
 
 Reads the sweeps at the ``--horizon`` preset (``sweep.py`` grids ``bits``, ``nodes``, ``nodes_outer``,
-``nodes_leader``, ``nodes_owner``, ``nodes_weak``, whichever are committed) and puts each FlexDeMo run at its bits
-per parameter per step (sent per node, from the run's Trainer logs) and its final validation loss's gap against
-AdamW-HSDP on the same nodes, processes, batch scaling and seed, found in any of those files; a setting run with
-several seeds is one point, the mean of its seeds' gaps. A front holds the settings no other on the same nodes and
-scaling beats on both gap and bits. Nothing is trained: this reads results, and writes
-``benchmarks/results/frontier.json`` and ``frontier.png``.
+``nodes_leader``, ``nodes_owner``, ``nodes_weak``, ``sizes_long``, whichever are committed) and puts each FlexDeMo
+run at its bits per parameter per step (sent per node, from the run's Trainer logs) and its final validation loss's
+gap against AdamW-HSDP on the same nodes, processes, batch scaling, model, learning rate and seed, found in any of
+those files; a setting run with several seeds is one point, the mean of its seeds' gaps. A front holds the settings
+no other on the same nodes, scaling and model beats on both gap and bits. Nothing is trained: this reads results,
+and writes ``benchmarks/results/frontier.json`` and ``frontier.png``.
 
     python benchmarks/frontier.py
 """
@@ -22,19 +22,26 @@ from typing import Any
 import harness
 
 HERE = Path(__file__).resolve().parent
-GRIDS = ("bits", "bits_outer", "nodes", "nodes_outer", "nodes_leader", "nodes_owner", "nodes_weak")
+GRIDS = ("bits", "bits_outer", "nodes", "nodes_outer", "nodes_leader", "nodes_owner", "nodes_weak", "sizes_long")
+MODEL_FLAGS = ("d_model", "d_ff", "num_layers")  # a run that sets none trains the quick model
 # the field's operating point (SparseLoCo in Covenant-72B, arXiv 2603.08163) and issue 32's targets, for the plot
 FIELD_BITS = 0.0073
 TARGET_BITS = 0.1
 TARGET_GAPS = {"2 nodes, ≤ 2 %": 2.0, "8 nodes, ≤ 4 %": 4.0}
 
 
-def topology(run: dict[str, Any]) -> tuple[int, int, str, int | None]:
-    """``(nodes, processes per node, scaling, seed)``; at the 2 x 2 reference both scalings are one batch."""
+def model(run: dict[str, Any]) -> str:
+    """The model a run trained: ``"quick"``, or its size flags (``"d_model=256 d_ff=1024 num_layers=4"``)."""
+    return " ".join(f"{flag}={run['knobs'][flag]}" for flag in MODEL_FLAGS if flag in run["knobs"]) or "quick"
+
+
+def topology(run: dict[str, Any]) -> tuple[int, int, str, str, float, int | None]:
+    """``(nodes, processes per node, scaling, model, lr, seed)``: what a run shares with its AdamW-HSDP reference; at
+    the 2 x 2 reference both scalings are one batch."""
     knobs = run["knobs"]
     nodes, procs = knobs.get("nodes", 2), knobs.get("procs_per_node", 2)
     scaling = "either" if (nodes, procs) == (2, 2) else knobs.get("scaling", "strong")
-    return nodes, procs, scaling, knobs.get("seed")
+    return nodes, procs, scaling, model(run), run["lr"], knobs.get("seed")
 
 
 def load(results: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -69,24 +76,26 @@ def points(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for r in runs:
         if r["method"] == "adamw" or topology(r) not in references:
             continue
-        nodes, procs, scaling, seed = topology(r)
+        nodes, procs, scaling, size, _, seed = topology(r)
         setting = r["key"].replace(f" seed={seed}", "") if seed is not None else r["key"]
-        runs_of.setdefault((nodes, procs, scaling, setting), []).append(r)
+        runs_of.setdefault((nodes, procs, scaling, size, setting), []).append(r)
     out = []
-    for (nodes, procs, scaling, setting), group in runs_of.items():
+    for (nodes, procs, scaling, size, setting), group in runs_of.items():
         gaps = [100 * (r["final_eval_loss"] / references[topology(r)] - 1) for r in group]
         sent = [bits(r["bytes_sent"], nodes) for r in group]
         out.append({"key": setting, "grids": sorted({r["grid"] for r in group}), "nodes": nodes,
-                    "procs_per_node": procs, "scaling": scaling, "seeds": [topology(r)[3] for r in group],
+                    "procs_per_node": procs, "scaling": scaling, "model": size,
+                    "seeds": [topology(r)[-1] for r in group],
                     **{k: sum(b[k] for b in sent) / len(sent) for k in ("bits_sent", "bits_received")},
                     "final_eval_loss": sum(r["final_eval_loss"] for r in group) / len(group),
                     "reference_loss": sum(references[topology(r)] for r in group) / len(group),
                     "gaps_pct": gaps, "gap_pct": sum(gaps) / len(gaps)})
-    return sorted(out, key=lambda p: (p["nodes"], p["scaling"], p["bits_sent"]))
+    return sorted(out, key=lambda p: (p["model"] != "quick", p["nodes"], p["scaling"], p["bits_sent"]))
 
 
 def curve(point: dict[str, Any]) -> str:
-    return f"{point['nodes']} nodes" + ("" if point["scaling"] == "either" else f", {point['scaling']} scaling")
+    return (f"{point['nodes']} nodes" + ("" if point["scaling"] == "either" else f", {point['scaling']} scaling")
+            + ("" if point["model"] == "quick" else f", {point['model']}"))
 
 
 def fronts(pts: list[dict[str, Any]]) -> dict[str, list[str]]:
@@ -124,7 +133,8 @@ def plot(pts: list[dict[str, Any]], front: dict[str, list[str]], path: Path) -> 
         axes.set_xlim(left=FIELD_BITS / 1.5)
         axes.set_xlabel("bits per parameter per step, sent per node")
         axes.set_ylabel("final validation loss vs AdamW-HSDP (%)")
-        axes.set_title("quick T5 (1.44 M parameters), 2,000 steps: the front per node count", fontsize=9)
+        axes.set_title("T5 on Multi30k, 2,000 steps: the front per node count and model (quick: 1.44 M parameters)",
+                       fontsize=9)
         axes.grid(True, alpha=0.3)
         axes.legend(fontsize=7)
 
