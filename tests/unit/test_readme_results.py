@@ -736,6 +736,18 @@ def test_the_time_to_target_on_links_of_1_2_10_is_the_json(name, commit):
                 f"{adamw['adamw_projected']:.2f} projected) |") in README
 
 
+def test_the_second_model_size_over_2000_steps_is_the_json():
+    """"A second model size", over 2,000 steps: every run of grid sizes_long is one row, each gap against AdamW-HSDP at
+    the run's lr, from a clean tree at the commit the page names."""
+    data = result("sweep_sizes_long")
+    assert all(not i["git_dirty"] and i["git_commit"][:7] in PROSE for i in data["invocations"])
+    _assert_one_row_per_run(data["runs"], reference=data["runs"])
+    adamw = data["runs"]["adamw lr=0.001 d_ff=1024 d_model=256 num_layers=4"]["final_eval_loss"]
+    rounds_of_16 = data["runs"]["flexdemo lr=0.001 d_ff=1024 d_model=256 local_steps=16 num_layers=4"]
+    gap, bits = 100 * (rounds_of_16["final_eval_loss"] / adamw - 1), rounds_of_16["bytes_sent"]["bits_per_param_sent"]
+    assert f"rounds of 16 send {bits:.3g} bits per parameter and step at {gap:+.2f} %" in PROSE
+
+
 def test_the_two_model_sizes_table_is_the_json():
     """"A second model size": every run of grid sizes is one row, the fronts quote the mean of the two seeds' gaps
     on each model, and the parameter counts are the models' own."""
