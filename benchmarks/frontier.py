@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import harness
+from sweep import MODEL_FLAGS  # a run that sets none of them trains the quick model
 
 HERE = Path(__file__).resolve().parent
 GRIDS = ("bits", "bits_outer", "nodes", "nodes_outer", "nodes_leader", "nodes_owner", "nodes_weak", "sizes_long")
-MODEL_FLAGS = ("d_model", "d_ff", "num_layers")  # a run that sets none trains the quick model
 # the field's operating point (SparseLoCo in Covenant-72B, arXiv 2603.08163) and issue 32's targets, for the plot
 FIELD_BITS = 0.0073
 TARGET_BITS = 0.1

@@ -59,7 +59,7 @@ def test_a_rerun_builds_the_configuration_each_committed_run_recorded(sweep, gri
         # outer_lr's default (None) resolves on the run's nodes (2 unless it says nodes) and its replicator
         nodes = run["knobs"].get("nodes", 2)
         rebuilt["outer_lr"] = knobs_module.resolve_outer_lr(rebuilt["outer_lr"], nodes, config.replicator)
-        # A record holds the outer step that ran; the records from before it did hold None, which then resolved to
+        # A record holds the outer step that ran; the records from before it hold None, which then resolved to
         # sqrt(R / 2) whatever the replicator.
         recorded = dict(record["flexdemo_config"])
         recorded["outer_lr"] = knobs_module.resolve_outer_lr(recorded.get("outer_lr"), nodes, "demo")
