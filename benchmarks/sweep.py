@@ -376,14 +376,14 @@ GRIDS: dict[str, dict[str, Any]] = {
     # rounds of 16 (0.095 bits per parameter per step: the quick model's point under 0.1 bits, +3.06 % there) and the
     # defaults (rounds of 8, 0.19 bits). At 300 steps the d256 model lost nothing by halving the bits (grid "sizes"):
     # does that hold where rounds are many? At lr 1e-3 (an AdamW-HSDP run of this model at the quick model's 3e-3,
-    # stopped at step 800, spiked its gradient norm past 10), then the same sweep at 2e-3 for both methods, then seed
-    # 7. About 50 min per run on 2 cores.
+    # stopped at step 800, spiked its gradient norm past 10), then the same pair at 2e-3 and at 5e-4 (each method's lr
+    # bracketed), then seed 7. About 50 min per run on 2 cores.
     "sizes_long": {
         "argv": HORIZON,
         "runs": [
             *(_run(method, 1e-3, **D256, **knobs) for method, knobs in (
                 ("adamw", {}), ("flexdemo", {"local_steps": 16}), ("flexdemo", {}))),
-            *(_run(method, 2e-3, **D256, **knobs) for method, knobs in (
+            *(_run(method, lr, **D256, **knobs) for lr in (2e-3, 5e-4) for method, knobs in (
                 ("adamw", {}), ("flexdemo", {"local_steps": 16}))),
             *(_run(method, 1e-3, **D256, **knobs, seed=7) for method, knobs in (
                 ("adamw", {}), ("flexdemo", {"local_steps": 16}), ("flexdemo", {}))),
