@@ -5,9 +5,9 @@ Reads the sweeps at the ``--horizon`` preset (``sweep.py`` grids ``bits``, ``nod
 run at its bits per parameter per step (sent per node, from the run's Trainer logs) and its final validation loss's
 gap against AdamW-HSDP on the same nodes, processes, batch scaling, model and seed, at the best of the learning rates
 run for it in any of those files (the baseline a user would pick); a setting run with several seeds is one point,
-the mean of its seeds' gaps. A front holds the settings
-no other on the same nodes, scaling and model beats on both gap and bits. Nothing is trained: this reads results,
-and writes ``benchmarks/results/frontier.json`` and ``frontier.png``.
+the mean of its seeds' gaps. A front holds the settings no other on the same nodes, scaling and model beats on both
+gap and bits. Nothing is trained: this reads results, and writes ``benchmarks/results/frontier.json`` and
+``frontier.png``.
 
     python benchmarks/frontier.py
 """
@@ -75,25 +75,25 @@ def points(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     sent."""
     adamw = sorted((r for r in runs if r["method"] == "adamw"), key=lambda r: -r["final_eval_loss"])
     best = {topology(r): r for r in adamw}  # per topology the lowest final loss comes last, and stays
-    references = {where: r["final_eval_loss"] for where, r in best.items()}
     runs_of: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for r in runs:
-        if r["method"] == "adamw" or topology(r) not in references:
+        if r["method"] == "adamw" or topology(r) not in best:
             continue
         nodes, procs, scaling, size, seed = topology(r)
         setting = r["key"].replace(f" seed={seed}", "") if seed is not None else r["key"]
         runs_of.setdefault((nodes, procs, scaling, size, setting), []).append(r)
     out = []
     for (nodes, procs, scaling, size, setting), group in runs_of.items():
-        gaps = [100 * (r["final_eval_loss"] / references[topology(r)] - 1) for r in group]
+        references = [best[topology(r)] for r in group]
+        gaps = [100 * (r["final_eval_loss"] / ref["final_eval_loss"] - 1) for r, ref in zip(group, references)]
         sent = [bits(r["bytes_sent"], nodes) for r in group]
         out.append({"key": setting, "grids": sorted({r["grid"] for r in group}), "nodes": nodes,
                     "procs_per_node": procs, "scaling": scaling, "model": size,
                     "seeds": [topology(r)[-1] for r in group],
                     **{k: sum(b[k] for b in sent) / len(sent) for k in ("bits_sent", "bits_received")},
                     "final_eval_loss": sum(r["final_eval_loss"] for r in group) / len(group),
-                    "reference_loss": sum(references[topology(r)] for r in group) / len(group),
-                    "reference_lrs": [best[topology(r)]["lr"] for r in group],
+                    "reference_loss": sum(ref["final_eval_loss"] for ref in references) / len(group),
+                    "reference_lrs": [ref["lr"] for ref in references],
                     "gaps_pct": gaps, "gap_pct": sum(gaps) / len(gaps)})
     return sorted(out, key=lambda p: (p["model"] != "quick", p["nodes"], p["scaling"], p["bits_sent"]))
 
