@@ -507,6 +507,9 @@ def main() -> None:
     harness.add_provenance_flags(parser)
     args = parser.parse_args()
     grid = GRIDS[args.grid]
+    keys = [run_key(r) for r in grid["runs"]]
+    if unknown := sorted(set(args.only or ()) - set(keys)):
+        parser.error(f"--only {unknown}: not runs of grid {args.grid!r}; its run keys are {keys}")
     out = args.out or HERE / "results" / f"sweep_{args.grid}.json"
     bench = harness.Run.start(out, args.allow_dirty)
     report = json.loads(out.read_text()) if out.exists() and not args.rerun else {"runs": {}}

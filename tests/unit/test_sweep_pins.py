@@ -1,4 +1,4 @@
-"""A sweep's rerun measures what its committed JSON's run keys meant.
+"""A sweep's rerun measures what its committed JSON's run keys meant, and runs only keys its grid holds.
 
 A run key names only the knobs the run set; the rest came from the package defaults of the day, and defaults
 move. ``benchmarks/sweep.py`` pins each grid's defaults of its day ("pin"). This test rebuilds, for every
@@ -75,3 +75,14 @@ def test_the_pins_are_needed(sweep):
     assert record["flexdemo_config"]["local_steps"] == 1 and "local_steps" not in run["knobs"]
     with pytest.raises(ValueError, match=r"only the step-wise mode .* reads it; set local_steps=1"):
         FlexDeMoConfig(method=run["method"], **run["knobs"])
+
+
+def test_only_refuses_a_key_the_grid_does_not_hold(sweep, monkeypatch, capsys):
+    """A mistyped ``--only`` key is an error that lists the grid's keys, not an invocation that runs nothing."""
+    monkeypatch.setattr("sys.argv", ["sweep.py", "sizes_long", "--only", "adamw lr=0.0005 d_model=256"])
+    with pytest.raises(SystemExit) as exit_:
+        sweep.main()
+    assert exit_.value.code == 2
+    error = capsys.readouterr().err
+    assert "--only ['adamw lr=0.0005 d_model=256']: not runs of grid 'sizes_long'" in error
+    assert "'adamw lr=0.0005 d_ff=1024 d_model=256 num_layers=4'" in error
