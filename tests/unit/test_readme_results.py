@@ -742,7 +742,7 @@ def test_the_second_model_size_over_2000_steps_is_the_json():
     data = result("sweep_sizes_long")
     assert all(not i["git_dirty"] and i["git_commit"][:7] in PROSE for i in data["invocations"])
     assert {i["machine"]["cpu_model"].split(" @")[0] for i in data["invocations"]} == {"Intel(R) Xeon(R) Processor"}
-    assert "`benchmarks/results/sweep_sizes_long.json`, `.png`,\nfrom clean trees, Intel Xeon:" in PAGE
+    assert "`benchmarks/results/sweep_sizes_long.json`, `.png`, from clean trees, Intel Xeon:" in PROSE
     _assert_one_row_per_run(data["runs"], reference=data["runs"])
     unseeded = [r for r in data["runs"].values() if "seed" not in r["knobs"]]
     adamw = {r["lr"]: r["final_eval_loss"] for r in unseeded if r["method"] == "adamw"}
