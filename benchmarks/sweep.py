@@ -529,10 +529,9 @@ def main() -> None:
     report.update(grid=args.grid, convergence_argv=grid["argv"], pin=grid.get("pin", {}),
                   pin_by_nodes=grid.get("pin_by_nodes", {}),
                   settings=convergence.settings(settings))
-    wanted = [r for r in grid["runs"] if not args.only or run_key(r) in args.only]
+    wanted = [(key, run) for key, run in zip(keys, grid["runs"]) if not args.only or key in args.only]
     with tempfile.TemporaryDirectory(prefix="fdm-sweep-") as scratch:
-        for run in wanted:
-            key = run_key(run)
+        for key, run in wanted:
             if key in report["runs"] and report["runs"][key]["status"] == "ok":
                 continue
             training = [f"--{k}={v}" for k, v in run["knobs"].items() if k in RUN_FLAGS]
