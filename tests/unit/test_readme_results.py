@@ -690,6 +690,22 @@ def test_the_bits_at_two_nodes_table_is_the_json():
         assert not data["git_dirty"] and all(not i["git_dirty"] for i in data["invocations"])
 
 
+def test_the_learning_rate_on_the_long_horizon_is_the_json():
+    """"Bits at 2 nodes", grid lr_horizon: rounds of 16 at twice the quick model's lr (landing after one step, seed 42),
+    against grid bits' AdamW-HSDP and rounds of 16 at 3e-3; from clean trees at the commits the page names."""
+    data, bits = result("sweep_lr_horizon"), result("sweep_bits")["runs"]
+    assert all(not i["git_dirty"] and i["git_commit"][:7] in PROSE for i in data["invocations"])
+    assert {i["machine"]["cpu_model"].split(" @")[0] for i in data["invocations"]} == {"Intel(R) Xeon(R) Processor"}
+    assert "`benchmarks/results/sweep_lr_horizon.json`, `.png`, from clean trees, Intel Xeon:" in PROSE
+    twice = data["runs"]["flexdemo lr=0.006 local_steps=16 outer_delay=1"]
+    assert (twice["flexdemo_config"]["local_steps"], twice["flexdemo_config"]["outer_delay"]) == (16, 1)
+    adamw, same = bits["adamw lr=0.003"]["final_eval_loss"], bits["flexdemo lr=0.003 local_steps=16"]["final_eval_loss"]
+    loss = twice["final_eval_loss"]
+    assert (f"They end at {loss:.3f}, {100 * (loss / adamw - 1):+.2f} % against AdamW-HSDP at 3e-3 (the table's, on "
+            f"the AMD EPYC;") in PROSE
+    assert f"where at 3e-3 they are {100 * (same / adamw - 1):+.2f} %" in PROSE
+
+
 def test_the_rounds_by_length_table_is_the_json():
     """"Bits at 2 nodes": grid rounds_by_length at 1,000 steps, one row per run (its gap against AdamW-HSDP of its
     seed and a node's bits), the means the rule rests on, and the commit."""
