@@ -692,8 +692,8 @@ def test_the_bits_at_two_nodes_table_is_the_json():
 
 def test_the_learning_rate_on_the_long_horizon_is_the_json():
     """"Bits at 2 nodes", grid lr_horizon: rounds of 16 at twice the quick model's lr (landing after one step, seed 42)
-    and AdamW-HSDP at half, against grid bits' AdamW-HSDP and rounds of 16 at 3e-3; from clean trees at the commits the
-    page names."""
+    and AdamW-HSDP at half and twice, against grid bits' AdamW-HSDP and rounds of 16 at 3e-3; from clean trees at the
+    commits the page names."""
     data, bits = result("sweep_lr_horizon"), result("sweep_bits")["runs"]
     assert all(not i["git_dirty"] and i["git_commit"][:7] in PROSE for i in data["invocations"])
     assert {i["machine"]["cpu_model"].split(" @")[0] for i in data["invocations"]} == {"Intel(R) Xeon(R) Processor"}
@@ -707,6 +707,8 @@ def test_the_learning_rate_on_the_long_horizon_is_the_json():
     assert f"where at 3e-3 they are {100 * (same / adamw - 1):+.2f} %" in PROSE
     half = data["runs"]["adamw lr=0.0015"]["final_eval_loss"]
     assert f"1.5e-3, ends at {half:.3f}, {100 * (half / adamw - 1):+.2f} % above its 3e-3" in PROSE and half > adamw
+    double = data["runs"]["adamw lr=0.006"]["final_eval_loss"]
+    assert f"6e-3, it ends at {double:.3f}, {100 * (double / adamw - 1):+.2f} %" in PROSE and double > adamw
 
 
 def test_the_rounds_by_length_table_is_the_json():
