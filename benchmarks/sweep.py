@@ -21,7 +21,7 @@ header, and each run its invocation's index (``invocation``), so a run names the
     python benchmarks/sweep.py rounds_by_length  # rounds of 4 and 8 at 1,000 steps, two seeds
     python benchmarks/sweep.py sizes      # the frontier on the quick model and the d256 4 + 4 T5, 300 steps
     python benchmarks/sweep.py sizes_long # the d256 4 + 4 T5 over 2,000 steps: AdamW-HSDP, rounds of 16 and of 8
-    python benchmarks/sweep.py lr_horizon # rounds of 16 at 6e-3; AdamW-HSDP and the defaults at 6e-3 and 1.5e-3
+    python benchmarks/sweep.py lr_horizon # rounds of 16 at 6e-3 and 4e-3; AdamW-HSDP at 6e-3, 4e-3, 1.5e-3
     python benchmarks/sweep.py levers --only "flexdemo lr=0.003 compression_feedback=0.2 momentum=ema"
 """
 
@@ -277,6 +277,8 @@ GRIDS: dict[str, dict[str, Any]] = {
                 {"local_steps": 4})),
             # the outer step sqrt(R / 2) at 4 nodes (1 at 2, 2 at 8)
             _run("flexdemo", 3e-3, nodes=4, procs_per_node=2, scaling="strong", outer_lr=1.41),
+            # above the rule at 8 nodes: sqrt(R), the step that fell back under weak scaling (grid "nodes_weak")
+            _run("flexdemo", 3e-3, nodes=8, procs_per_node=1, scaling="strong", outer_lr=2.83),
         ],
     },
     # Received bytes flat in R: replicator="leader" (one node's positions, chosen the exchange before; one all-reduce
@@ -395,10 +397,12 @@ GRIDS: dict[str, dict[str, Any]] = {
     # defaults at half and twice the 3e-3 every 2,000-step run took (grid "bits" holds both at 3e-3), 2 x 2, seed 42.
     # First, rounds of 16 as grid "bits" ran them (landing next) at twice its lr: on the d256 model their best lr was
     # twice AdamW-HSDP's (grid sizes_long), and on the quick model they are +3.06 % at 3e-3, AdamW-HSDP's lr.
+    # Then both at 4e-3, between the 3e-3 where rounds of 16 are +3.72 % and the 6e-3 where both methods fall back.
     "lr_horizon": {
         "argv": HORIZON,
         "runs": [_run("flexdemo", 6e-3, local_steps=16, **LANDING_NEXT),
-                 *(_run(method, lr) for lr in (6e-3, 1.5e-3) for method in ("adamw", "flexdemo"))],
+                 *(_run(method, lr) for lr in (6e-3, 1.5e-3) for method in ("adamw", "flexdemo")),
+                 _run("flexdemo", 4e-3, local_steps=16, **LANDING_NEXT), _run("adamw", 4e-3)],
     },
     # Rounds of 4 against the defaults' 8 at 1,000 steps, two seeds: where between the smoke test (rounds of 4 ahead by
     # a point) and the 2,000-step horizon (the defaults within 2 %) a run's length would switch them.
