@@ -391,6 +391,8 @@ GRIDS: dict[str, dict[str, Any]] = {
             _run("adamw", 2.5e-4, **D256),
             *(_run(method, lr, **D256, **knobs, seed=7) for method, lr, knobs in (
                 ("adamw", 5e-4, {}), ("flexdemo", 1e-3, {"local_steps": 16}))),
+            # the defaults at AdamW-HSDP's best lr: what a user who tuned AdamW on this model gets
+            _run("flexdemo", 5e-4, **D256),
         ],
     },
     # The learning rate on the long horizon (issue 32: each method's lr by the same small sweep): AdamW-HSDP and the
