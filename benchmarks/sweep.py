@@ -21,7 +21,7 @@ header, and each run its invocation's index (``invocation``), so a run names the
     python benchmarks/sweep.py rounds_by_length  # rounds of 4 and 8 at 1,000 steps, two seeds
     python benchmarks/sweep.py sizes      # the frontier on the quick model and the d256 4 + 4 T5, 300 steps
     python benchmarks/sweep.py sizes_long # the d256 4 + 4 T5 over 2,000 steps: AdamW-HSDP, rounds of 16 and of 8
-    python benchmarks/sweep.py lr_horizon # rounds of 16 at 6e-3 and 4e-3; AdamW-HSDP at 6e-3, 4e-3, 1.5e-3
+    python benchmarks/sweep.py lr_horizon # the quick model: rounds of 16, AdamW-HSDP and the defaults around 3e-3
     python benchmarks/sweep.py levers --only "flexdemo lr=0.003 compression_feedback=0.2 momentum=ema"
 """
 
