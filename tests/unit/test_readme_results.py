@@ -704,8 +704,8 @@ def test_the_bits_at_two_nodes_table_is_the_json():
 
 def test_the_learning_rate_on_the_long_horizon_is_the_json():
     """"Bits at 2 nodes", grid lr_horizon: rounds of 16 at twice the quick model's lr and at 4e-3 (landing after one
-    step, seed 42) and AdamW-HSDP at half, 4e-3 and twice, against grid bits' AdamW-HSDP and rounds of 16 at 3e-3;
-    from clean trees at the commits the page names."""
+    step, seed 42), AdamW-HSDP at half, 4e-3 and twice, and the defaults at half and twice, against grid bits' runs at
+    3e-3; from clean trees at the commits the page names."""
     data, bits = result("sweep_lr_horizon"), result("sweep_bits")["runs"]
     assert all(not i["git_dirty"] and i["git_commit"][:7] in PROSE for i in data["invocations"])
     assert {i["machine"]["cpu_model"].split(" @")[0] for i in data["invocations"]} == {"Intel(R) Xeon(R) Processor"}
@@ -729,6 +729,20 @@ def test_the_learning_rate_on_the_long_horizon_is_the_json():
     # "AdamW-HSDP's best of the four lrs", "rounds of 16 do best there too, of the three they ran at"
     assert adamw < min(r["final_eval_loss"] for r in data["runs"].values() if r["method"] == "adamw")
     assert same < min(r["final_eval_loss"] for r in rounds_16.values())
+
+    defaults = {r["lr"]: r for r in data["runs"].values() if r["method"] == "flexdemo" and not r["knobs"]}
+    assert sorted(defaults) == [1.5e-3, 6e-3] and all(
+        (r["flexdemo_config"]["local_steps"], r["flexdemo_config"]["outer_delay"]) == (8, 2) for r in defaults.values())
+    at_3e3 = bits["flexdemo lr=0.003 outer_delay=2"]["final_eval_loss"]
+    gap = {lr: 100 * (r["final_eval_loss"] / adamw - 1) for lr, r in defaults.items()}
+    assert (f"at 6e-3 they end at {defaults[6e-3]['final_eval_loss']:.3f}, {gap[6e-3]:+.2f} % against AdamW-HSDP at "
+            f"3e-3, and at 1.5e-3 at {defaults[1.5e-3]['final_eval_loss']:.3f}, {gap[1.5e-3]:+.2f} %, where at 3e-3 "
+            f"they are {100 * (at_3e3 / adamw - 1):+.2f} %") in PROSE
+    assert at_3e3 < min(r["final_eval_loss"] for r in defaults.values())  # "do best at 3e-3 too"
+    # "below the best lr they lose more than AdamW-HSDP does ..., above it less"
+    below, above = (100 * (defaults[lr]["final_eval_loss"] / data["runs"][f"adamw lr={lr}"]["final_eval_loss"] - 1)
+                    for lr in (1.5e-3, 6e-3))
+    assert f"(at 1.5e-3 {below:+.2f} % against AdamW-HSDP at 1.5e-3), above it less (at 6e-3 {above:+.2f} %" in PROSE
 
 
 def test_the_rounds_by_length_table_is_the_json():
