@@ -385,6 +385,36 @@ def test_the_node_scaling_table_is_the_json():
         assert sum(line.startswith(f"| {nodes} × {procs} |") and line.endswith(cells) for line in lines) == 1, key
 
 
+def _tail(run: dict) -> float:
+    """A 2,000-step run's mean logged training loss over its last 200 steps."""
+    return sum(x["loss"] for x in run["train_loss_curve"] if x["step"] > 1800) / 4
+
+
+def test_the_outer_step_past_the_rule_at_8_nodes_is_the_json():
+    """"Loss against the number of nodes": at 8 strong nodes sqrt(R) and half the inner lr under twice the outer step
+    are behind the rule's step at every evaluation; the page names their commits and their CPU, and their training
+    loss over the last 200 steps."""
+    data = result("sweep_nodes_outer")
+    runs = data["runs"]
+    where = "nodes=8 procs_per_node=1 scaling=strong"
+    rule, root, halved = (runs[f"flexdemo lr={lr} {where.replace('nodes=8 ', f'nodes=8 outer_lr={outer} ')}"]
+                          for lr, outer in (("0.003", "2"), ("0.003", "2.83"), ("0.0015", "4")))
+    adamw = result("sweep_nodes")["runs"][f"adamw lr=0.003 {where}"]["final_eval_loss"]
+    for run, outer in ((root, 2.83), (halved, 4.0)):
+        assert run["flexdemo_config"]["outer_lr"] == outer
+        invocation = data["invocations"][run["invocation"]]
+        assert invocation["machine"]["cpu_model"].startswith("Intel(R) Xeon(R) Processor")
+        assert not invocation["git_dirty"] and f"commit {invocation['git_commit'][:7]}" in PROSE
+        assert all(c["eval_loss"] > ref["eval_loss"] for c, ref in zip(run["curve"][1:], rule["curve"][1:]))
+
+    assert (f"At R = 8, √R = 2.83 is {100 * (root['final_eval_loss'] / adamw - 1):+.2f} %, behind the rule's 2 at "
+            f"every evaluation ({root['curve'][1]['eval_loss']:.3f} against {rule['curve'][1]['eval_loss']:.3f} at "
+            f"step 200") in PROSE
+    assert (f"is {100 * (halved['final_eval_loss'] / adamw - 1):+.2f} %, behind from the first evaluation "
+            f"({halved['curve'][1]['eval_loss']:.3f} at step 200) to the last; its training loss over the last 200 "
+            f"steps is {_tail(halved):.3f} against the default's {_tail(rule):.3f}") in PROSE
+
+
 def test_the_weak_scaling_table_and_its_reading_are_the_json():
     """"Weak scaling": every run of grid nodes_weak is one row (its global batch, final and best loss, gap against
     AdamW-HSDP on the same nodes, bits), and the analysis quotes the 8-node runs' curves and training losses."""
@@ -418,9 +448,6 @@ def test_the_weak_scaling_table_and_its_reading_are_the_json():
     def gap(run: dict, reference: dict = base, field: str = "final_eval_loss") -> str:
         return f"+{100 * (run[field] / reference[field] - 1):.2f} %"
 
-    def tail(run: dict) -> float:
-        return sum(x["loss"] for x in run["train_loss_curve"] if x["step"] > 1800) / 4
-
     def loss_at(run: dict, step: int) -> float:
         return next(c["eval_loss"] for c in run["curve"] if c["step"] == step)
 
@@ -432,7 +459,7 @@ def test_the_weak_scaling_table_and_its_reading_are_the_json():
     assert (f"one seed, landing one step after the start ([\"Weak scaling\"](#weak-scaling-each-node-keeps-its-batch)) "
             f"| {gaps} | – |") in PAGE
     assert f"keeping its 2-node batch (weak scaling) | {gaps} | – |" in README
-    assert f"is {tail(defaults):.3f} against AdamW's {tail(base):.3f})" in PROSE
+    assert f"is {_tail(defaults):.3f} against AdamW's {_tail(base):.3f})" in PROSE
     assert f"validation loss of step 800 ({loss_at(base, 800):.3f}) only at step {caught:,}" in PROSE
     assert f"the defaults end where AdamW was at step {level:,} ({loss_at(base4, level):.3f})" in PROSE
     longer = by[8, "flexdemo2.83"]
