@@ -282,6 +282,8 @@ GRIDS: dict[str, dict[str, Any]] = {
             # the rule's step at 8 nodes (inner lr x outer lr = 6e-3) with half the drift: each node's round moves half
             # as far from the anchor, so its gradients stay nearer the anchor's, and the outer step doubles to match
             _run("flexdemo", 1.5e-3, nodes=8, procs_per_node=1, scaling="strong", outer_lr=4.0),
+            # ... and the other way: the same product with the inner lr up by sqrt(2) and the outer step down by it
+            _run("flexdemo", 4.24e-3, nodes=8, procs_per_node=1, scaling="strong", outer_lr=1.41),
         ],
     },
     # Received bytes flat in R: replicator="leader" (one node's positions, chosen the exchange before; one all-reduce
