@@ -392,20 +392,22 @@ def _tail(run: dict) -> float:
 
 def test_the_outer_step_past_the_rule_at_8_nodes_is_the_json():
     """"Loss against the number of nodes": at 8 strong nodes sqrt(R) and half the inner lr under twice the outer step
-    are behind the rule's step at every evaluation; the page names their commits and their CPU, and their training
-    loss over the last 200 steps."""
+    are behind the rule's step at every evaluation, and the inner lr up by sqrt(2) under an outer step down by it from
+    step 1,000 on; the page names their commits and their CPU, and the training losses of the last 200 steps."""
     data = result("sweep_nodes_outer")
-    runs = data["runs"]
-    where = "nodes=8 procs_per_node=1 scaling=strong"
-    rule, root, halved = (runs[f"flexdemo lr={lr} {where.replace('nodes=8 ', f'nodes=8 outer_lr={outer} ')}"]
-                          for lr, outer in (("0.003", "2"), ("0.003", "2.83"), ("0.0015", "4")))
-    adamw = result("sweep_nodes")["runs"][f"adamw lr=0.003 {where}"]["final_eval_loss"]
-    for run, outer in ((root, 2.83), (halved, 4.0)):
+    rule, root, halved, raised = (
+        data["runs"][f"flexdemo lr={lr} nodes=8 outer_lr={outer} procs_per_node=1 scaling=strong"]
+        for lr, outer in (("0.003", "2"), ("0.003", "2.83"), ("0.0015", "4"), ("0.00424", "1.41")))
+    adamw = result("sweep_nodes")["runs"]["adamw lr=0.003 nodes=8 procs_per_node=1 scaling=strong"]["final_eval_loss"]
+    for run, outer in ((root, 2.83), (halved, 4.0), (raised, 1.41)):
         assert run["flexdemo_config"]["outer_lr"] == outer
         invocation = data["invocations"][run["invocation"]]
         assert invocation["machine"]["cpu_model"].startswith("Intel(R) Xeon(R) Processor")
         assert not invocation["git_dirty"] and f"commit {invocation['git_commit'][:7]}" in PROSE
-        assert all(c["eval_loss"] > ref["eval_loss"] for c, ref in zip(run["curve"][1:], rule["curve"][1:]))
+    steps = [c["step"] for c in rule["curve"]]
+    for run, behind_from in ((root, 200), (halved, 200), (raised, 1000)):  # "behind ... from step 1,000 on"
+        behind = [c["step"] for c, ref in zip(run["curve"], rule["curve"]) if c["eval_loss"] > ref["eval_loss"]]
+        assert behind == steps[steps.index(behind_from):]
 
     assert (f"At R = 8, √R = 2.83 is {100 * (root['final_eval_loss'] / adamw - 1):+.2f} %, behind the rule's 2 at "
             f"every evaluation ({root['curve'][1]['eval_loss']:.3f} against {rule['curve'][1]['eval_loss']:.3f} at "
@@ -413,6 +415,8 @@ def test_the_outer_step_past_the_rule_at_8_nodes_is_the_json():
     assert (f"is {100 * (halved['final_eval_loss'] / adamw - 1):+.2f} %, behind from the first evaluation "
             f"({halved['curve'][1]['eval_loss']:.3f} at step 200) to the last; its training loss over the last 200 "
             f"steps is {_tail(halved):.3f} against the default's {_tail(rule):.3f}") in PROSE
+    assert (f"`outer_lr=1.41`), is {100 * (raised['final_eval_loss'] / adamw - 1):+.2f} %: ahead of the default or "
+            f"level with it to step 800") in PROSE
 
 
 def test_the_weak_scaling_table_and_its_reading_are_the_json():
