@@ -390,6 +390,11 @@ def _tail(run: dict) -> float:
     return sum(x["loss"] for x in run["train_loss_curve"] if x["step"] > 1800) / 4
 
 
+def _behind_at(run: dict, reference: dict) -> list[int]:
+    """The evaluation steps past step 0 at which run's validation loss is above reference's."""
+    return [c["step"] for c, ref in zip(run["curve"][1:], reference["curve"][1:]) if c["eval_loss"] > ref["eval_loss"]]
+
+
 def test_the_outer_step_past_the_rule_at_8_nodes_is_the_json():
     """"Loss against the number of nodes": at 8 strong nodes sqrt(R) and half the inner lr under twice the outer step
     are behind the rule's step at every evaluation, and the inner lr up by sqrt(2) under an outer step down by it from
@@ -406,8 +411,7 @@ def test_the_outer_step_past_the_rule_at_8_nodes_is_the_json():
         assert not invocation["git_dirty"] and f"commit {invocation['git_commit'][:7]}" in PROSE
     steps = [c["step"] for c in rule["curve"]]
     for run, behind_from in ((root, 200), (halved, 200), (raised, 1000)):  # "behind ... from step 1,000 on"
-        behind = [c["step"] for c, ref in zip(run["curve"], rule["curve"]) if c["eval_loss"] > ref["eval_loss"]]
-        assert behind == steps[steps.index(behind_from):]
+        assert _behind_at(run, rule) == steps[steps.index(behind_from):]
 
     assert (f"At R = 8, √R = 2.83 is {100 * (root['final_eval_loss'] / adamw - 1):+.2f} %, behind the rule's 2 at "
             f"every evaluation ({root['curve'][1]['eval_loss']:.3f} against {rule['curve'][1]['eval_loss']:.3f} at "
@@ -477,7 +481,7 @@ def test_the_weak_scaling_table_and_its_reading_are_the_json():
     assert (f"is {gap(momentum)}, behind the default's outer step of 2 at every evaluation "
             f"({loss_at(momentum, 200):.3f} against {loss_at(defaults, 200):.3f} at step 200, "
             f"{momentum['final_eval_loss']:.3f} against {defaults['final_eval_loss']:.3f} at step 2,000)") in PROSE
-    assert all(c["eval_loss"] > d["eval_loss"] for c, d in zip(momentum["curve"][1:], defaults["curve"][1:]))
+    assert _behind_at(momentum, defaults) == [c["step"] for c in defaults["curve"][1:]]
     dense = runs["flexdemo lr=0.003 nodes=8 procs_per_node=1 replicator=full scaling=weak"]
     assert (f"at the same outer step\n(2 at 8 nodes) is {gap(dense)}, behind from the first evaluation on "
             f"({loss_at(dense, 200):.3f} against the defaults' {loss_at(defaults, 200):.3f} at step 200)\nand close "
@@ -868,10 +872,9 @@ def test_the_second_model_size_over_2000_steps_is_the_json():
             f"{eight[best]:+.2f} %") in PROSE
     # "ahead of AdamW-HSDP at 5e-4 at every evaluation" at 1e-3 with both seeds, "behind ... at every evaluation" at
     # 5e-4
-    above = [[c["eval_loss"] - ref["eval_loss"] for c, ref in zip(run["curve"][1:], reference["curve"][1:])]
-             for run, reference in ((defaults[mine], adamw_runs[best]), (defaults_7, dense), (defaults[best],
-                                                                                             adamw_runs[best]))]
-    assert max(above[0] + above[1]) < 0 < min(above[2])
+    evaluations = [c["step"] for c in dense["curve"][1:]]
+    assert _behind_at(adamw_runs[best], defaults[mine]) == _behind_at(dense, defaults_7) == evaluations
+    assert _behind_at(defaults[best], adamw_runs[best]) == evaluations
     summary = PAGE.split("## Summary")[1].split("\n## ")[0]
     assert (f"| validation loss vs AdamW-HSDP at 2,000 steps, 2 nodes, the d256 model (8.37 M parameters), mean of "
             f"two seeds, the defaults at {_written(mine)} against AdamW-HSDP at {_written(best)}, each its best "
