@@ -284,6 +284,9 @@ GRIDS: dict[str, dict[str, Any]] = {
             _run("flexdemo", 1.5e-3, nodes=8, procs_per_node=1, scaling="strong", outer_lr=4.0),
             # ... and the other way: the same product with the inner lr up by sqrt(2) and the outer step down by it
             _run("flexdemo", 4.24e-3, nodes=8, procs_per_node=1, scaling="strong", outer_lr=1.41),
+            # a second seed at 8 nodes (issue 32's target is the mean of two): AdamW-HSDP and the rule's outer step
+            _run("adamw", 3e-3, nodes=8, procs_per_node=1, scaling="strong", seed=7),
+            _run("flexdemo", 3e-3, nodes=8, procs_per_node=1, scaling="strong", outer_lr=2.0, seed=7),
         ],
     },
     # Received bytes flat in R: replicator="leader" (one node's positions, chosen the exchange before; one all-reduce
