@@ -520,7 +520,7 @@ def test_the_fronts_are_the_json():
     data = result("frontier")
     points = {p["key"]: p for p in data["points"]}
     assert len(points) == len(data["points"]) and not data["git_dirty"]
-    assert f"`frontier.png`, at commit {data['git_commit'][:7]} from a\nclean tree)" in PAGE
+    assert f"`frontier.png`, at commit {data['git_commit'][:7]} from a clean tree)" in PROSE
     fronts = "; ".join(f"{curve}: " + ", ".join(f"{points[k]['bits_sent']:.3g} bits at {points[k]['gap_pct']:+.2f} %"
                                                 for k in sorted(keys, key=lambda k: points[k]["bits_sent"]))
                        for curve, keys in data["fronts"].items())
