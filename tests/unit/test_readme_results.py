@@ -392,6 +392,11 @@ def _tail(run: dict) -> float:
     return sum(x["loss"] for x in run["train_loss_curve"] if x["step"] > 1800) / 4
 
 
+def _evaluations(run: dict) -> list[int]:
+    """The steps of run's evaluations past step 0: what "at every evaluation" ranges over."""
+    return [c["step"] for c in run["curve"][1:]]
+
+
 def _behind_at(run: dict, reference: dict) -> list[int]:
     """The evaluation steps past step 0 at which run's validation loss is above reference's."""
     return [c["step"] for c, ref in zip(run["curve"][1:], reference["curve"][1:]) if c["eval_loss"] > ref["eval_loss"]]
@@ -468,8 +473,7 @@ def test_the_weak_scaling_table_and_its_reading_are_the_json():
     # of AdamW-HSDP's lrs 3e-3 and 6e-3 at 8 nodes its best is 6e-3, of the defaults' 3e-3
     best = min((r for r in runs.values() if r["method"] == "adamw" and where(r)[:2] == (8, 1)),
                key=lambda r: r["final_eval_loss"])
-    fell = next(r for r in runs.values() if r["method"] == "flexdemo" and where(r) == (8, 1, 6e-3) and not
-                set(r["knobs"]) - set(placement))
+    fell = runs["flexdemo lr=0.006 nodes=8 procs_per_node=1 scaling=weak"]
     assert best["lr"] == 6e-3 and fell["final_eval_loss"] > defaults["final_eval_loss"]
     gaps = f"{gap(defaults4, base4)} / {gap(defaults)} / {gap(defaults, best)}"
     assert f"**Under weak scaling the defaults are {gap(defaults4, base4)} at 4 nodes and {gap(defaults)} at 8" in PROSE
@@ -487,8 +491,8 @@ def test_the_weak_scaling_table_and_its_reading_are_the_json():
             f"({loss_at(fell, 400):.3f} against {loss_at(defaults, 400):.3f}), with a training loss over the last "
             f"200 steps of {_tail(fell):.3f} against {_tail(defaults):.3f} at 3e-3") in PROSE
     assert loss_at(best, 1400) == best["best_eval_loss"]
-    assert _behind_at(base, best) == [c["step"] for c in base["curve"][1:]]
-    assert _behind_at(fell, defaults) == [c["step"] for c in defaults["curve"][2:]]
+    assert _behind_at(base, best) == _evaluations(base)
+    assert _behind_at(fell, defaults) == _evaluations(defaults)[1:]
     assert (f"there the defaults are {gap(defaults, best)} (their best losses "
             f"{gap(defaults, best, 'best_eval_loss')})") in PROSE
     two_nodes = (result("sweep_lr_horizon")["runs"]["flexdemo lr=0.006"]["final_eval_loss"]
@@ -508,7 +512,7 @@ def test_the_weak_scaling_table_and_its_reading_are_the_json():
     assert (f"is {gap(momentum)}, behind the default's outer step of 2 at every evaluation "
             f"({loss_at(momentum, 200):.3f} against {loss_at(defaults, 200):.3f} at step 200, "
             f"{momentum['final_eval_loss']:.3f} against {defaults['final_eval_loss']:.3f} at step 2,000)") in PROSE
-    assert _behind_at(momentum, defaults) == [c["step"] for c in defaults["curve"][1:]]
+    assert _behind_at(momentum, defaults) == _evaluations(defaults)
     dense = runs["flexdemo lr=0.003 nodes=8 procs_per_node=1 replicator=full scaling=weak"]
     assert (f"at the same outer step\n(2 at 8 nodes) is {gap(dense)}, behind from the first evaluation on "
             f"({loss_at(dense, 200):.3f} against the defaults' {loss_at(defaults, 200):.3f} at step 200)\nand close "
@@ -581,7 +585,8 @@ def test_the_compute_only_reference_run_is_the_json():
 def test_the_headline_node_scaling_gaps_are_the_json():
     """The README's and the summary's 2-, 4- and 8-node gaps at 2,000 steps: the outer step of the default
     (sqrt(R / 2)) against AdamW-HSDP on the same nodes and seed, at 8 nodes the mean of two seeds."""
-    runs = {**result("sweep_nodes")["runs"], **result("sweep_nodes_outer")["runs"]}
+    outer_sweep = result("sweep_nodes_outer")
+    runs = {**result("sweep_nodes")["runs"], **outer_sweep["runs"]}
     gaps = []
     for nodes, procs, outer, seeds in ((4, 2, "1.41", [""]), (8, 1, "2", ["", " seed=7"])):
         where = f"nodes={nodes} procs_per_node={procs} scaling=strong"
@@ -595,8 +600,8 @@ def test_the_headline_node_scaling_gaps_are_the_json():
     seven, base7 = (runs[f"{method} lr=0.003 nodes=8{outer} procs_per_node=1 scaling=strong seed=7"]
                     for method, outer in (("flexdemo", " outer_lr=2"), ("adamw", "")))
     base42 = runs["adamw lr=0.003 nodes=8 procs_per_node=1 scaling=strong"]["final_eval_loss"]
-    invocation = result("sweep_nodes_outer")["invocations"][seven["invocation"]]
-    assert not invocation["git_dirty"] and invocation["git_commit"] == result("sweep_nodes_outer")["invocations"][
+    invocation = outer_sweep["invocations"][seven["invocation"]]
+    assert not invocation["git_dirty"] and invocation["git_commit"] == outer_sweep["invocations"][
         base7["invocation"]]["git_commit"]
     gap7 = 100 * (seven["final_eval_loss"] / base7["final_eval_loss"] - 1)
     assert (f"**At 8 nodes the rule's step is +{gaps[1]:.2f} % on the mean of two seeds**: with seed 7 (at commit "
@@ -605,7 +610,7 @@ def test_the_headline_node_scaling_gaps_are_the_json():
             f"({seven['curve'][1]['eval_loss']:.3f} against {base7['curve'][1]['eval_loss']:.3f} at step 200), where "
             f"AdamW-HSDP itself moved {100 * (base7['final_eval_loss'] / base42 - 1):+.2f} % between the seeds "
             f"({base42:.3f} and {base7['final_eval_loss']:.3f})") in PROSE
-    assert _behind_at(seven, base7) == [c["step"] for c in base7["curve"][1:]]
+    assert _behind_at(seven, base7) == _evaluations(base7)
 
 
 MODEL_SIZE = ("d_model", "d_ff", "num_layers")  # grid sizes' run flags; absent: the quick model
@@ -914,7 +919,7 @@ def test_the_second_model_size_over_2000_steps_is_the_json():
             f"{eight[best]:+.2f} %") in PROSE
     # "ahead of AdamW-HSDP at 5e-4 at every evaluation" at 1e-3 with both seeds, "behind ... at every evaluation" at
     # 5e-4
-    evaluations = [c["step"] for c in dense["curve"][1:]]
+    evaluations = _evaluations(dense)
     assert _behind_at(adamw_runs[best], defaults[mine]) == _behind_at(dense, defaults_7) == evaluations
     assert _behind_at(defaults[best], adamw_runs[best]) == evaluations
     summary = PAGE.split("## Summary")[1].split("\n## ")[0]
