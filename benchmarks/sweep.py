@@ -264,6 +264,8 @@ GRIDS: dict[str, dict[str, Any]] = {
             *(_run(method, 6e-3, nodes=8, procs_per_node=1, scaling="weak") for method in ("adamw", "flexdemo")),
             # AdamW-HSDP's lr sweep went up to its top at 6e-3 (-5.61 % against 3e-3): one step further
             _run("adamw", 1.2e-2, nodes=8, procs_per_node=1, scaling="weak"),
+            # ... and at 4 weak nodes, whose global batch of 128 is half the 8 nodes'
+            _run("adamw", 6e-3, nodes=4, procs_per_node=2, scaling="weak"),
         ],
     },
     # What the defaults lose at 8 nodes (strong scaling, 2,000 steps; AdamW-HSDP and the defaults are grid "nodes"):
