@@ -513,6 +513,24 @@ def test_the_weak_scaling_table_and_its_reading_are_the_json():
             f"({loss_at(momentum, 200):.3f} against {loss_at(defaults, 200):.3f} at step 200, "
             f"{momentum['final_eval_loss']:.3f} against {defaults['final_eval_loss']:.3f} at step 2,000)") in PROSE
     assert _behind_at(momentum, defaults) == _evaluations(defaults)
+    higher, four = (runs[f"{run} nodes=8 procs_per_node=1 scaling=weak"]
+                    for run in ("adamw lr=0.012", "flexdemo lr=0.003 local_steps=4"))
+    invocations = [result("sweep_nodes_weak")["invocations"][r["invocation"]] for r in (higher, four)]
+    assert all(not i["git_dirty"] and i["machine"]["cpu_model"].startswith("AMD EPYC") for i in invocations)
+    assert (f"at 1.2e-2 (at commit {invocations[0]['git_commit'][:7]}, on the AMD EPYC), AdamW-HSDP ends at "
+            f"{higher['final_eval_loss']:.3f}, {gap(higher, best)} against its 6e-3 and behind it at every evaluation "
+            f"({loss_at(higher, 200):.3f} against {loss_at(best, 200):.3f} at step 200)") in PROSE
+    assert _behind_at(higher, best) == _evaluations(best)
+    bits, bits4 = (32 * 7 / 8 / r["bytes_sent"]["compression_ratio_vs_dense_bf16"] for r in (defaults, four))
+    assert four["flexdemo_config"]["outer_lr"] == 2.0 and round(bits4 / bits, 1) == 2.0
+    assert (f"Rounds of 4 (`local_steps=4`, at commit {invocations[1]['git_commit'][:7]}, the same grid: {bits4:.2f} "
+            f"bits per parameter and step, twice the defaults') at the default outer step end at "
+            f"{four['final_eval_loss']:.3f}, {gap(four, defaults)} against the defaults' rounds of 8 and {gap(four)} "
+            f"against AdamW-HSDP at 3e-3: ahead of the defaults at steps 200 and 400 ({loss_at(four, 400):.3f} "
+            f"against {loss_at(defaults, 400):.3f} at step 400) and behind from step 600 on ({loss_at(four, 600):.3f} "
+            f"against {loss_at(defaults, 600):.3f}), with a lower training loss over the last 200 steps "
+            f"({_tail(four):.3f} against {_tail(defaults):.3f})") in PROSE
+    assert _behind_at(four, defaults) == _evaluations(defaults)[2:] and _tail(four) < _tail(defaults)
     dense = runs["flexdemo lr=0.003 nodes=8 procs_per_node=1 replicator=full scaling=weak"]
     assert (f"at the same outer step\n(2 at 8 nodes) is {gap(dense)}, behind from the first evaluation on "
             f"({loss_at(dense, 200):.3f} against the defaults' {loss_at(defaults, 200):.3f} at step 200)\nand close "
@@ -724,8 +742,9 @@ def test_the_shared_positions_probe_is_the_json():
 
 
 def _written(lr: float) -> str:
-    """An lr as the page writes it: 5e-4."""
-    return f"{lr:.0e}".replace("e-0", "e-")
+    """An lr as the page writes it: 5e-4, 1.2e-2."""
+    mantissa, exponent = f"{lr:.3e}".split("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
 
 
 def _assert_one_row_per_run(runs: dict, reference: dict) -> None:
