@@ -521,6 +521,17 @@ def test_the_weak_scaling_table_and_its_reading_are_the_json():
             f"{higher['final_eval_loss']:.3f}, {gap(higher, best)} against its 6e-3 and behind it at every evaluation "
             f"({loss_at(higher, 200):.3f} against {loss_at(best, 200):.3f} at step 200)") in PROSE
     assert _behind_at(higher, best) == _evaluations(best)
+    four_high = runs["adamw lr=0.006 nodes=4 procs_per_node=2 scaling=weak"]
+    commit = result("sweep_nodes_weak")["invocations"][four_high["invocation"]]["git_commit"][:7]
+    assert min((r for r in runs.values() if r["method"] == "adamw" and where(r)[:2] == (4, 2)),
+               key=lambda r: r["final_eval_loss"]) is base4
+    assert (f"AdamW-HSDP at 6e-3 (at commit {commit}, on the AMD EPYC) ends at {four_high['final_eval_loss']:.3f}, "
+            f"{gap(four_high, base4)} against its 3e-3, ahead only at step 200 ({loss_at(four_high, 200):.3f} against "
+            f"{loss_at(base4, 200):.3f}) and behind from step 400 on ({loss_at(four_high, 400):.3f} against "
+            f"{loss_at(base4, 400):.3f}), with a training loss over the last 200 steps of {_tail(four_high):.3f} "
+            f"against {_tail(base4):.3f}") in PROSE
+    assert _behind_at(four_high, base4) == _evaluations(base4)[1:] and _behind_at(base4, four_high) == [200]
+    assert f"there the gap of {gap(defaults4, base4)} is each at its best" in PROSE
     bits, bits4 = (32 * 7 / 8 / r["bytes_sent"]["compression_ratio_vs_dense_bf16"] for r in (defaults, four))
     assert four["flexdemo_config"]["outer_lr"] == 2.0 and round(bits4 / bits, 1) == 2.0
     assert (f"Rounds of 4 (`local_steps=4`, at commit {invocations[1]['git_commit'][:7]}, the same grid: {bits4:.2f} "
