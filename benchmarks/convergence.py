@@ -264,7 +264,8 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
                 if run["method"] == "demo" else " (inter-node)"),
             "total": [e for e in history if "flexdemo/total_bytes_sent" in e][-1]["flexdemo/total_bytes_sent"],
             "per_step": sum(per_step) / len(per_step),
-            # logs before the bf16 headline had compression_ratio only, against fp32
+            # the last logging window's ratios (the bits below are the mean of every window's); logs before the
+            # bf16 headline had compression_ratio only, against fp32
             "compression_ratio_vs_dense_fp32": traffic[-1].get("flexdemo/compression_ratio_fp32",
                                                                traffic[-1].get("flexdemo/compression_ratio")),
             "compression_ratio_vs_dense_bf16": (traffic[-1].get("flexdemo/compression_ratio")

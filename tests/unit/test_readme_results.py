@@ -367,6 +367,22 @@ def test_the_node_scaling_table_is_the_json():
     """Every run of the node-scaling sweeps is one row of "Loss against the number of nodes": its final loss, its gap
     against AdamW-HSDP on the same nodes and global batch, and a node's bits per parameter and step."""
     runs = {**result("sweep_nodes")["runs"], **result("sweep_nodes_outer")["runs"]}
+    unlogged = {key for key, run in runs.items() if run["method"] != "adamw"
+                and run["bytes_sent"].get("bits_per_param_sent") is None}
+    assert unlogged == {f"flexdemo lr=0.003 {knobs}" for knobs in (
+        "nodes=8 procs_per_node=1 scaling=strong", "nodes=8 outer_lr=2 procs_per_node=1 scaling=strong",
+        "nodes=8 outer_lr=0.7 outer_momentum=0.9 procs_per_node=1 scaling=strong",
+        "nodes=8 procs_per_node=1 replicator=full scaling=strong",
+        "local_steps=4 nodes=8 procs_per_node=1 scaling=strong")}
+    assert "The five 8 × 1 runs at `outer_lr=1`, `outer_lr=2` (seed 42), DiLoCo's outer rule" in PROSE
+    under = []  # how far the last window's ratio puts a run's bits under its logged mean, where a run has both
+    for name in ("sweep_nodes", "sweep_nodes_outer", "sweep_nodes_weak", "sweep_nodes_leader", *OWNER_FILES):
+        for run in result(name)["runs"].values():
+            traffic, nodes = run["bytes_sent"], run["knobs"].get("nodes", 2)
+            if run["method"] != "adamw" and nodes > 2 and traffic.get("bits_per_param_sent") is not None:
+                ratio_bits = 32 * (nodes - 1) / nodes / traffic["compression_ratio_vs_dense_bf16"]
+                under.append(100 * (1 - ratio_bits / traffic["bits_per_param_sent"]))
+    assert f"which lies {min(under):.1f}–{max(under):.1f} % under the logged mean in every 4- and 8-node run" in PROSE
 
     def topology(run: dict) -> tuple:
         knobs = run["knobs"]
@@ -403,10 +419,13 @@ def _gap(run: dict, reference: dict, field: str = "final_eval_loss") -> str:
 
 
 def _bits_sent(run: dict) -> float:
-    """A node's bits per parameter and step, from the run's ratio to a bf16 all-reduce (2 (R - 1) / R values of 16
-    bits per parameter and step)."""
-    nodes = run["knobs"].get("nodes", 2)
-    return 32 * (nodes - 1) / nodes / run["bytes_sent"]["compression_ratio_vs_dense_bf16"]
+    """A node's bits per parameter and step as the run logged them (the mean of its logging windows); a run from
+    before those logs gives them through its last window's ratio to a bf16 all-reduce (2 (R - 1) / R values of 16
+    bits per parameter and step), as ``benchmarks/frontier.py`` does."""
+    traffic, nodes = run["bytes_sent"], run["knobs"].get("nodes", 2)
+    if traffic.get("bits_per_param_sent") is not None:
+        return traffic["bits_per_param_sent"]
+    return 32 * (nodes - 1) / nodes / traffic["compression_ratio_vs_dense_bf16"]
 
 
 def _best_adamw(runs: dict, nodes: int) -> dict:
@@ -536,6 +555,8 @@ def test_the_weak_scaling_table_and_its_reading_are_the_json():
     assert (f"at the same outer step\n(2 at 8 nodes) is {gap(dense)}, behind from the first evaluation on "
             f"({_loss_at(dense, 200):.3f} against the defaults' {_loss_at(defaults, 200):.3f} at step 200)\nand close "
             f"to the compressed exchange at `outer_lr=2.83` ({gap(longer)})") in PAGE
+    assert (f"`replicator=\"full\"`, {_bits_sent(dense):.2f} bits per parameter and step, "
+            f"{_bits_sent(dense) / _bits_sent(defaults):.0f} × the defaults'") in PROSE
 
 
 def test_the_weak_scaling_lr_bracket_and_rounds_of_4_are_the_json():
@@ -714,6 +735,11 @@ def test_the_flat_exchange_row_is_the_json():
         cells = f"| {run['final_eval_loss']:.3f} | {gap:+.2f} % | {bits:.3g} |"
         assert sum(line.startswith(f"| {nodes} × {procs} | `replicator=\"leader\"`") and line.endswith(cells)
                    for line in PAGE.splitlines()) == 1, key
+    leader = data["runs"]["flexdemo lr=0.003 nodes=8 procs_per_node=1 replicator=leader scaling=strong"]
+    all_gather = result("sweep_nodes_outer")["runs"]["flexdemo lr=0.003 nodes=8 outer_lr=2 procs_per_node=1 "
+                                                      "scaling=strong seed=7"]
+    assert (f"sends and receives {_bits_sent(leader):.3g} bits per parameter and step against the all-gather's "
+            f"{_bits_sent(all_gather):.3g}") in PROSE
 
 
 OWNER_FILES = {"sweep_nodes_owner_lagged": "a round late", "sweep_nodes_owner": "leaning on its own share"}
@@ -755,7 +781,10 @@ def test_the_owner_rows_are_the_json():
     lagged, lean = gaps["sweep_nodes_owner_lagged"], gaps["sweep_nodes_owner"]
     bits8, bits2 = (lean[key][0]["bytes_sent"]["bits_per_param_received"] for key in (owner8, owner2))
     full8 = lagged["flexdemo lr=0.003 nodes=8 procs_per_node=1 replicator=full scaling=strong"][1]
+    all_gather = result("sweep_nodes_outer")["runs"]["flexdemo lr=0.003 nodes=8 outer_lr=2 procs_per_node=1 "
+                                                      "scaling=strong seed=7"]["bytes_sent"]["bits_per_param_received"]
     phrases = (f"sends and receives {bits8:.3g} bits per parameter and step, {bits8 / bits2:.2f} × its {bits2:.3g}",
+               f"all-gather: {all_gather:.3g}, {all_gather / bits2:.0f} ×)",
                f"the loss was {lagged[owner8][1]:+.2f} % at 8 nodes and {lagged[owner2][1]:+.2f} % at 2",
                f"the replicas reach {lean[owner8][1]:+.2f} % and {lean[owner2][1]:+.2f} %",
                f"is {lagged[exact8][1]:+.2f} % a round late and {lean[exact8][1]:+.2f} % leaning, against "
