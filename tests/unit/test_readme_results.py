@@ -428,10 +428,10 @@ def _bits_sent(run: dict) -> float:
     return 32 * (nodes - 1) / nodes / traffic["compression_ratio_vs_dense_bf16"]
 
 
-def _best_adamw(runs: dict, nodes: int) -> dict:
-    """Of a weak-scaling grid's AdamW-HSDP runs on ``nodes`` nodes, the one with the lowest final loss."""
-    return min((r for r in runs.values() if r["method"] == "adamw" and r["knobs"]["nodes"] == nodes),
-               key=lambda r: r["final_eval_loss"])
+def _best_adamw(runs: dict, nodes: int, seed: int = 42) -> dict:
+    """Of a weak-scaling grid's AdamW-HSDP runs of ``seed`` on ``nodes`` nodes, the one with the lowest final loss."""
+    return min((r for r in runs.values() if r["method"] == "adamw" and r["knobs"]["nodes"] == nodes
+                and r["knobs"].get("seed", 42) == seed), key=lambda r: r["final_eval_loss"])
 
 
 def _evaluations(run: dict) -> list[int]:
