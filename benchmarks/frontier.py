@@ -107,9 +107,9 @@ def curve(point: dict[str, Any]) -> str:
 
 def fronts(pts: list[dict[str, Any]]) -> dict[str, list[str]]:
     """Per curve, the keys of its runs that no run of the same curve beats on both gap and bits, by bits. Bits within
-    ``BITS_TOLERANCE`` of each other count as equal: the logs count a node's bits over the model's parameters, the
-    runs from before them through the ratio to a bf16 all-reduce of FSDP2's padded shards, and at the same bytes the
-    two differ by 0.7 % on the quick model."""
+    ``BITS_TOLERANCE`` of each other count as equal: the logs give a run's mean over its logging windows, the runs from
+    before them the ratio to a bf16 all-reduce of their last window, which in rounds of 8 holds one more exchange of
+    the smallest fragment than its share and puts them 0.7 % lower on the quick model."""
     out: dict[str, list[str]] = {}
     for name in dict.fromkeys(curve(p) for p in pts):
         mine = [p for p in pts if curve(p) == name]
