@@ -633,17 +633,18 @@ def test_the_weak_scaling_second_seed_is_the_json():
 
 
 def test_the_weak_scaling_lr_bracket_and_rounds_of_4_are_the_json():
-    """"Weak scaling": AdamW-HSDP one lr step past its best at 8 nodes and at 4, and rounds of 4 at 8 nodes, as the
-    page quotes them against the runs they are read against."""
+    """"Weak scaling": AdamW-HSDP one lr step past its best at 8 nodes and at 4, the defaults' at 4, and rounds of 4 at
+    8 nodes, as the page quotes them against the runs they are read against."""
     data = result("sweep_nodes_weak")
     runs = data["runs"]
     defaults, base, best, higher, four = (runs[f"{run} nodes=8 procs_per_node=1 scaling=weak"] for run in (
         "flexdemo lr=0.003", "adamw lr=0.003", "adamw lr=0.006", "adamw lr=0.012", "flexdemo lr=0.003 local_steps=4"))
-    defaults4, base4, high4 = (runs[f"{run} nodes=4 procs_per_node=2 scaling=weak"]
-                               for run in ("flexdemo lr=0.003", "adamw lr=0.003", "adamw lr=0.006"))
-    higher_at, four_at, high4_at = (data["invocations"][r["invocation"]] for r in (higher, four, high4))
+    defaults4, base4, high4, fell4 = (runs[f"{run} nodes=4 procs_per_node=2 scaling=weak"] for run in (
+        "flexdemo lr=0.003", "adamw lr=0.003", "adamw lr=0.006", "flexdemo lr=0.006"))
+    higher_at, four_at, high4_at, fell4_at = (data["invocations"][r["invocation"]]
+                                              for r in (higher, four, high4, fell4))
     assert all(not i["git_dirty"] and i["machine"]["cpu_model"].startswith("AMD EPYC")
-               for i in (higher_at, four_at, high4_at))
+               for i in (higher_at, four_at, high4_at, fell4_at))
 
     assert (f"at 1.2e-2 (at commit {higher_at['git_commit'][:7]}, on the AMD EPYC), AdamW-HSDP ends at "
             f"{higher['final_eval_loss']:.3f}, {_gap(higher, best)} against its 6e-3 and behind it at every "
@@ -658,6 +659,13 @@ def test_the_weak_scaling_lr_bracket_and_rounds_of_4_are_the_json():
             f"200 steps of {_tail(high4):.3f} against {_tail(base4):.3f}") in PROSE
     assert _behind_at(high4, base4) == _evaluations(base4)[1:] and _behind_at(base4, high4) == [200]
     assert f"there the gap of {_gap(defaults4, base4)} is each at its best" in PROSE
+    assert (f"The defaults at 6e-3 (at commit {fell4_at['git_commit'][:7]}, on the AMD EPYC) end at "
+            f"{fell4['final_eval_loss']:.3f}, {_gap(fell4, defaults4)} against their 3e-3, ahead only at step 200 "
+            f"({_loss_at(fell4, 200):.3f} against {_loss_at(defaults4, 200):.3f}) and behind from step 400 on "
+            f"({_loss_at(fell4, 400):.3f} against {_loss_at(defaults4, 400):.3f}), with a training loss over the last "
+            f"200 steps of {_tail(fell4):.3f} against {_tail(defaults4):.3f}: as at 2 and 8 nodes, 3e-3 is their best "
+            f"measured lr") in PROSE
+    assert _behind_at(fell4, defaults4) == _evaluations(defaults4)[1:] and _behind_at(defaults4, fell4) == [200]
 
     bits, bits4 = _bits_sent(defaults), _bits_sent(four)
     assert four["flexdemo_config"]["outer_lr"] == 2.0 and round(bits4 / bits, 1) == 2.0
