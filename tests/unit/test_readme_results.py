@@ -503,10 +503,11 @@ def test_the_last_window_puts_the_ratio_bits_low():
     size = [sum(n for n, f in zip(sizes, fragment_of) if f == k) for k in range(config["outer_fragments"])]
     slot = config["local_steps"] // config["outer_fragments"]
     rounds = SimpleNamespace(every=config["local_steps"], slot=slot, fragments=config["outer_fragments"])
-    sent = {done: size[LocalSteps.fragment_at(rounds, done)] for done in range(slot, 2001, slot)}
-    window = run["train_loss_curve"][-1]["step"] - run["train_loss_curve"][-2]["step"]
-    last = sum(n for done, n in sent.items() if done > 2000 - window) / window
-    predicted = last / (sum(sent.values()) / 2000)
+    steps = run["train_loss_curve"][-1]["step"]
+    window = steps - run["train_loss_curve"][-2]["step"]
+    sent = {done: size[LocalSteps.fragment_at(rounds, done)] for done in range(slot, steps + 1, slot)}
+    last = sum(n for done, n in sent.items() if done > steps - window) / window
+    predicted = last / (sum(sent.values()) / steps)
     observed = 32 * (nodes - 1) / nodes / traffic["compression_ratio_vs_dense_bf16"] / traffic["bits_per_param_sent"]
     assert round(100 * (1 - predicted), 1) == 0.7 and abs(observed / predicted - 1) < 5e-4
 
