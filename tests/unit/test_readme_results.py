@@ -379,10 +379,9 @@ def test_the_node_scaling_table_is_the_json():
     under = []  # how far the last window's ratio puts a run's bits under its logged mean, where a run has both
     for name in ("sweep_nodes", "sweep_nodes_outer", "sweep_nodes_weak", "sweep_nodes_leader", *OWNER_FILES):
         for run in result(name)["runs"].values():
-            traffic, nodes = run["bytes_sent"], run["knobs"].get("nodes", 2)
-            if run["method"] != "adamw" and nodes > 2 and traffic.get("bits_per_param_sent") is not None:
-                ratio_bits = 32 * (nodes - 1) / nodes / traffic["compression_ratio_vs_dense_bf16"]
-                under.append(100 * (1 - ratio_bits / traffic["bits_per_param_sent"]))
+            logged = run["bytes_sent"].get("bits_per_param_sent")
+            if run["method"] != "adamw" and run["knobs"].get("nodes", 2) > 2 and logged is not None:
+                under.append(100 * (1 - _ratio_bits(run) / logged))
     assert f"which lies {min(under):.1f}–{max(under):.1f} % under the logged mean in every 4- and 8-node run" in PROSE
 
     def topology(run: dict) -> tuple:
@@ -419,14 +418,18 @@ def _gap(run: dict, reference: dict, field: str = "final_eval_loss") -> str:
     return f"{100 * (run[field] / reference[field] - 1):+.2f} %"
 
 
+def _ratio_bits(run: dict) -> float:
+    """A node's bits per parameter and step through the run's last logging window's ratio to a bf16 all-reduce
+    (2 (R - 1) / R values of 16 bits per parameter and step)."""
+    nodes = run["knobs"].get("nodes", 2)
+    return 32 * (nodes - 1) / nodes / run["bytes_sent"]["compression_ratio_vs_dense_bf16"]
+
+
 def _bits_sent(run: dict) -> float:
     """A node's bits per parameter and step as the run logged them (the mean of its logging windows); a run from
-    before those logs gives them through its last window's ratio to a bf16 all-reduce (2 (R - 1) / R values of 16
-    bits per parameter and step), as ``benchmarks/frontier.py`` does."""
-    traffic, nodes = run["bytes_sent"], run["knobs"].get("nodes", 2)
-    if traffic.get("bits_per_param_sent") is not None:
-        return traffic["bits_per_param_sent"]
-    return 32 * (nodes - 1) / nodes / traffic["compression_ratio_vs_dense_bf16"]
+    before those logs gives them through :func:`_ratio_bits`, as ``benchmarks/frontier.py`` does."""
+    logged = run["bytes_sent"].get("bits_per_param_sent")
+    return _ratio_bits(run) if logged is None else logged
 
 
 def _best_adamw(runs: dict, nodes: int, seed: int = 42) -> dict:
@@ -440,10 +443,14 @@ def _weak_defaults(runs: dict, seed: int = 42) -> dict:
     return runs["flexdemo lr=0.003 nodes=8 procs_per_node=1 scaling=weak" + ("" if seed == 42 else f" seed={seed}")]
 
 
+def _best_lr_gap(runs: dict, seed: int) -> float:
+    """The 8-weak-node gap of ``seed``, each method at its best lr, in percent."""
+    return 100 * (_weak_defaults(runs, seed)["final_eval_loss"] / _best_adamw(runs, 8, seed)["final_eval_loss"] - 1)
+
+
 def _two_seeds_best_lr_gap(runs: dict) -> float:
     """The 8-weak-node gap with each method at its best lr, the mean over seeds 42 and 7 of each seed's gap."""
-    return sum(100 * (_weak_defaults(runs, seed)["final_eval_loss"] / _best_adamw(runs, 8, seed)["final_eval_loss"]
-                      - 1) for seed in (42, 7)) / 2
+    return (_best_lr_gap(runs, 42) + _best_lr_gap(runs, 7)) / 2
 
 
 def _evaluations(run: dict) -> list[int]:
@@ -508,7 +515,7 @@ def test_the_last_window_puts_the_ratio_bits_low():
     sent = {done: size[LocalSteps.fragment_at(rounds, done)] for done in range(slot, steps + 1, slot)}
     last = sum(n for done, n in sent.items() if done > steps - window) / window
     predicted = last / (sum(sent.values()) / steps)
-    observed = 32 * (nodes - 1) / nodes / traffic["compression_ratio_vs_dense_bf16"] / traffic["bits_per_param_sent"]
+    observed = _ratio_bits(run) / traffic["bits_per_param_sent"]
     assert round(100 * (1 - predicted), 1) == 0.7 and abs(observed / predicted - 1) < 5e-4
 
 
@@ -614,8 +621,7 @@ def test_the_weak_scaling_second_seed_is_the_json():
         invocation = data["invocations"][run["invocation"]]
         assert invocation["machine"]["cpu_model"] == "AMD EPYC" and not invocation["git_dirty"]
         assert f"With seed 7 (at commit {invocation['git_commit'][:7]}, on the AMD EPYC)" in PROSE
-    gap42, gap7 = (100 * (d["final_eval_loss"] / a["final_eval_loss"] - 1) for d, a in ((defaults, best),
-                                                                                      (defaults7, best7)))
+    gap42, gap7 = _best_lr_gap(runs, 42), _best_lr_gap(runs, 7)
     mean = _two_seeds_best_lr_gap(runs)
     assert _behind_at(defaults7, best7) == _evaluations(best7)
     assert (f"**On the mean of two seeds, each method at its best lr, the 8-node gap is {mean:+.2f} %.** With seed 7 "
