@@ -17,7 +17,7 @@ header, and each run its invocation's index (``invocation``), so a run names the
     python benchmarks/sweep.py nodes_weak # ... with the batch per node fixed (weak scaling) at R = 8, 4
     python benchmarks/sweep.py nodes_weak_step_wise  # the dense step-wise rule at 8 weak nodes: where the gap is
     python benchmarks/sweep.py nodes_leader  # replicator="leader" at R = 8, 4, 2 nodes, 2,000 steps
-    python benchmarks/sweep.py nodes_owner  # replicator="owner" at R = 8 and 2 nodes, 2,000 steps
+    python benchmarks/sweep.py nodes_owner  # replicator="owner" at R = 8, 4 and 2 nodes, 2,000 steps
     python benchmarks/sweep.py bits       # the defaults and half their bits or less at 2 nodes, 2,000 steps
     python benchmarks/sweep.py rounds_by_length  # rounds of 4 and 8 at 1,000 steps, two seeds
     python benchmarks/sweep.py sizes      # the frontier on the quick model and the d256 4 + 4 T5, 300 steps
@@ -344,6 +344,8 @@ GRIDS: dict[str, dict[str, Any]] = {
             # the owners forward (the top of) a mean, as replicator="full" does, whose outer step at 8 nodes is best
             # at 1 (grid "nodes_outer"), not the sqrt(R / 2) the all-gather's sum of sparse values takes
             _run("flexdemo", 3e-3, nodes=8, procs_per_node=1, scaling="strong", replicator="owner", outer_lr=1.0),
+            # issue 32 measures the flat exchange at R = 2, 4 and 8: 4 nodes, at the owner's default outer step (1)
+            _run("flexdemo", 3e-3, nodes=4, procs_per_node=2, scaling="strong", replicator="owner"),
         ],
     },
     # Bits at 2 nodes over 2,000 steps (2 x 2): AdamW-HSDP, the defaults (0.19 bits per parameter per step sent per
