@@ -1,7 +1,8 @@
 """The loss gap against bits: every 2,000-step run of the committed sweeps, one Pareto front per node count and model.
 
 Reads the sweeps at the ``--horizon`` preset (``sweep.py`` grids ``bits``, ``nodes``, ``nodes_outer``,
-``nodes_leader``, ``nodes_owner``, ``nodes_weak``, ``sizes_long``, ``lr_horizon``, whichever are committed) and puts
+``nodes_leader``, ``nodes_owner``, ``nodes_weak``, ``nodes_weak_step_wise``, ``sizes_long``, ``lr_horizon``,
+whichever are committed) and puts
 each FlexDeMo run at its bits per parameter per step (sent per node, from the run's Trainer logs) and its final
 validation loss's gap against AdamW-HSDP on the same nodes, processes, batch scaling, model and seed, at the best of
 the learning rates run for it in any of those files (the baseline a user would pick); a setting run with several
@@ -24,8 +25,8 @@ import harness
 from sweep import MODEL_FLAGS  # a run that sets none of them trains the quick model
 
 HERE = Path(__file__).resolve().parent
-GRIDS = ("bits", "bits_outer", "nodes", "nodes_outer", "nodes_leader", "nodes_owner", "nodes_weak", "sizes_long",
-         "lr_horizon")
+GRIDS = ("bits", "bits_outer", "nodes", "nodes_outer", "nodes_leader", "nodes_owner", "nodes_weak",
+         "nodes_weak_step_wise", "sizes_long", "lr_horizon")
 # the field's operating point (SparseLoCo in Covenant-72B, arXiv 2603.08163) and issue 32's targets, for the plot
 FIELD_BITS = 0.0073
 BITS_TOLERANCE = 0.01  # bits this close count as equal on a front (see fronts())

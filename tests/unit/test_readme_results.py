@@ -639,6 +639,33 @@ def test_the_weak_scaling_second_seed_is_the_json():
             f"{_tail(best):.3f})") in PROSE
 
 
+def test_the_weak_scaling_cause_is_the_json():
+    """"Weak scaling": the dense step-wise rule at 8 weak nodes (the mean of the nodes' AdamW steps every step, no
+    rounds, no compression) against AdamW-HSDP and the defaults at the same lr, and the split of the gap."""
+    data = result("sweep_nodes_weak_step_wise")
+    (key, dense), = data["runs"].items()
+    config, invocation = dense["flexdemo_config"], data["invocations"][dense["invocation"]]
+    assert dense["status"] == "ok" and dense["lr"] == 3e-3 and dense["knobs"]["nodes"] == 8, key
+    assert (config["local_steps"], config["replicator"], config["value_dtype"]) == (1, "full", "float32")
+    assert (config["momentum"], config["update"]) == ("adam", "sgd")
+    assert not invocation["git_dirty"] and invocation["machine"]["cpu_model"].startswith("AMD EPYC")
+    runs = result("sweep_nodes_weak")["runs"]
+    base, defaults, outer1 = (runs[f"{run} nodes=8 {knobs}procs_per_node=1 scaling=weak"] for run, knobs in (
+        ("adamw lr=0.003", ""), ("flexdemo lr=0.003", ""), ("flexdemo lr=0.003", "outer_lr=1 ")))
+    gap, gap1, gap2 = (100 * (r["final_eval_loss"] / base["final_eval_loss"] - 1) for r in (dense, outer1, defaults))
+    assert _behind_at(dense, base) == _behind_at(outer1, dense) == _behind_at(dense, defaults) == _evaluations(base)
+    assert (f"(`benchmarks/results/sweep_nodes_weak_step_wise.json`, at commit {invocation['git_commit'][:7]} from a "
+            f"clean tree, AMD EPYC)") in PROSE
+    assert f"float32 values: {_bits_sent(dense):.1f} bits per parameter and step" in PROSE
+    assert (f"It ends at {dense['final_eval_loss']:.3f}, **{gap:+.2f} %** against AdamW-HSDP at 3e-3, behind it at "
+            f"every evaluation ({_loss_at(dense, 200):.3f} against {_loss_at(base, 200):.3f} at step 200), with a "
+            f"training loss over the last 200 steps of {_tail(dense):.3f} against {_tail(base):.3f}") in PROSE
+    assert (f"are {gap1:+.2f} % and behind it at every evaluation ({_loss_at(outer1, 200):.3f} at step 200); the "
+            f"default outer step of 2 is {gap2:+.2f} % and ahead of it at every evaluation") in PROSE
+    assert (f"the rounds and their compression cost {gap1 - gap:.2f} points and the normalisation before the mean "
+            f"costs {gap:.2f}; the default outer step takes back {gap1 - gap2:.2f} points") in PROSE
+
+
 def test_the_weak_scaling_lr_bracket_and_rounds_of_4_are_the_json():
     """"Weak scaling": AdamW-HSDP one lr step past its best at 8 nodes and at 4, the defaults' at 4, and rounds of 4 at
     8 nodes, as the page quotes them against the runs they are read against."""
