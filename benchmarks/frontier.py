@@ -1,14 +1,13 @@
 """The loss gap against bits: every 2,000-step run of the committed sweeps, one Pareto front per node count and model.
 
-Reads the sweeps at the ``--horizon`` preset (``sweep.py`` grids ``bits``, ``nodes``, ``nodes_outer``,
-``nodes_leader``, ``nodes_owner``, ``nodes_weak``, ``nodes_weak_step_wise``, ``sizes_long``, ``lr_horizon``,
-whichever are committed) and puts
-each FlexDeMo run at its bits per parameter per step (sent per node, from the run's Trainer logs) and its final
-validation loss's gap against AdamW-HSDP on the same nodes, processes, batch scaling, model and seed, at the best of
-the learning rates run for it in any of those files (the baseline a user would pick); a setting run with several
-seeds is one point, the mean of its seeds' gaps. A front holds the settings no other on the same nodes, scaling and
-model beats on both gap and bits. Nothing is trained: this reads results, and writes
-``benchmarks/results/frontier.json`` and ``frontier.png``.
+Reads the sweeps at the ``--horizon`` preset (``sweep.py`` grids ``bits``, ``nodes``, ``nodes_outer``, ``nodes_leader``,
+``nodes_owner``, ``nodes_weak``, ``nodes_weak_step_wise``, ``sizes_long``, ``lr_horizon``, whichever are committed) and
+puts each FlexDeMo run at its bits per parameter per step (sent per node, from the run's Trainer logs) and its final
+validation loss's gap against AdamW-HSDP on the same nodes, processes, batch scaling, model and seed, at the best of the
+learning rates run for it in any of those files (the baseline a user would pick); a setting run with several seeds is
+one point, the mean of its seeds' gaps. A front holds the settings no other on the same nodes, scaling and model beats
+on both gap and bits. Nothing is trained: this reads results, and writes ``benchmarks/results/frontier.json`` and
+``frontier.png``.
 
     python benchmarks/frontier.py
 """
