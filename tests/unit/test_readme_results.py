@@ -418,6 +418,11 @@ def _gap(run: dict, reference: dict, field: str = "final_eval_loss") -> str:
     return f"{100 * (run[field] / reference[field] - 1):+.2f} %"
 
 
+def _commit_of(name: str, run: dict) -> str:
+    """The short commit a run of result ``name`` ran at."""
+    return result(name)["invocations"][run["invocation"]]["git_commit"][:7]
+
+
 def _ratio_bits(run: dict) -> float:
     """A node's bits per parameter and step through the run's last logging window's ratio to a bf16 all-reduce
     (2 (R - 1) / R values of 16 bits per parameter and step)."""
@@ -595,8 +600,7 @@ def test_the_weak_scaling_table_and_its_reading_are_the_json():
             f"{_loss_at(defaults, 200):.3f} at step 200)") in PROSE
     assert f"best losses differ by as much ({gap(defaults, base, 'best_eval_loss')})" in PROSE
     momentum = runs["flexdemo lr=0.003 nodes=8 outer_lr=1 outer_momentum=0.5 procs_per_node=1 scaling=weak"]
-    commit = result("sweep_nodes_weak")["invocations"][momentum["invocation"]]["git_commit"][:7]
-    assert f"`outer_lr=1` (at commit {commit}, the same grid:" in PROSE
+    assert f"`outer_lr=1` (at commit {_commit_of('sweep_nodes_weak', momentum)}, the same grid:" in PROSE
     assert (f"is {gap(momentum)}, behind the default's outer step of 2 at every evaluation "
             f"({_loss_at(momentum, 200):.3f} against {_loss_at(defaults, 200):.3f} at step 200, "
             f"{momentum['final_eval_loss']:.3f} against {defaults['final_eval_loss']:.3f} at step 2,000)") in PROSE
@@ -861,11 +865,18 @@ OWNER_FILES = {"sweep_nodes_owner_lagged": "a round late", "sweep_nodes_owner": 
 
 
 def _owner_gaps(name: str) -> dict[str, tuple[dict, float]]:
-    """Each run of one grid nodes_owner file and its gap against AdamW-HSDP on the same nodes (grid nodes at 8 x 1,
-    grid bits at 2 x 2, the same seed)."""
-    adamw = {8: result("sweep_nodes")["runs"]["adamw lr=0.003 nodes=8 procs_per_node=1 scaling=strong"],
-             2: result("sweep_bits")["runs"]["adamw lr=0.003"]}
-    return {key: (run, 100 * (run["final_eval_loss"] / adamw[run["knobs"].get("nodes", 2)]["final_eval_loss"] - 1))
+    """Each run of one grid nodes_owner file and its gap against AdamW-HSDP on the same nodes and seed (grid nodes at
+    8 x 1 and 4 x 2, grid nodes_outer at 8 x 1 with seed 7, grid bits at 2 x 2)."""
+    strong = "procs_per_node={} scaling=strong"
+    adamw = {(8, 42): result("sweep_nodes")["runs"]["adamw lr=0.003 nodes=8 " + strong.format(1)],
+             (4, 42): result("sweep_nodes")["runs"]["adamw lr=0.003 nodes=4 " + strong.format(2)],
+             (8, 7): result("sweep_nodes_outer")["runs"]["adamw lr=0.003 nodes=8 " + strong.format(1) + " seed=7"],
+             (2, 42): result("sweep_bits")["runs"]["adamw lr=0.003"]}
+
+    def reference(run: dict) -> dict:
+        return adamw[run["knobs"].get("nodes", 2), run["knobs"].get("seed", 42)]
+
+    return {key: (run, 100 * (run["final_eval_loss"] / reference(run)["final_eval_loss"] - 1))
             for key, run in result(name)["runs"].items()}
 
 
@@ -888,7 +899,8 @@ def test_the_owner_rows_are_the_json():
             knobs, sent = run["knobs"], run["bytes_sent"]
             exact = " (rate 1, float32)" if knobs.get("value_dtype") == "float32" else ""
             exact += f" at `outer_lr={knobs['outer_lr']:g}`" if "outer_lr" in knobs else ""
-            label = "the dense mean at once" if knobs["replicator"] == "full" else how
+            label = ("the dense mean at once" if knobs["replicator"] == "full" else how) + (
+                f", seed {knobs['seed']}" if "seed" in knobs else "")
             row = (f"| {knobs.get('nodes', 2)} × {knobs.get('procs_per_node', 2)} | "
                    f"`replicator=\"{knobs['replicator']}\"`{exact}, {label} | {run['final_eval_loss']:.3f} | "
                    f"{gap:+.2f} % | {sent['bits_per_param_sent']:.3g}, {sent['bits_per_param_received']:.3g} |")
@@ -908,6 +920,43 @@ def test_the_owner_rows_are_the_json():
                "default 2")
     for phrase in phrases:
         assert phrase in PROSE, phrase
+
+
+def test_the_owner_at_4_nodes_and_its_second_seed_are_the_json():
+    """"Received bytes flat in the number of nodes": the owner at 4 nodes against the all-gather there (bits, the
+    doctor's estimate of them, loss at every evaluation), and its second seed at 8 nodes against the all-gather's."""
+    from hf_flexdemo.wire.estimate import payload_bits_per_param
+
+    lean = _owner_gaps("sweep_nodes_owner")
+    prefix = "flexdemo lr=0.003 nodes={} {}procs_per_node={} replicator=owner scaling=strong"
+    (owner4, gap4) = lean[prefix.format(4, "", 2)]
+    owner2 = lean["flexdemo lr=0.003 replicator=owner scaling=strong"][0]
+    (_, gap8), (owner7, gap7) = (lean[prefix.format(8, "outer_lr=1 ", 1) + seed] for seed in ("", " seed=7"))
+    assert owner4["flexdemo_config"]["outer_lr"] == owner7["flexdemo_config"]["outer_lr"] == 1.0
+    outer = result("sweep_nodes_outer")["runs"]
+    adamw4 = result("sweep_nodes")["runs"]["adamw lr=0.003 nodes=4 procs_per_node=2 scaling=strong"]
+    all_gather4 = outer["flexdemo lr=0.003 nodes=4 outer_lr=1.41 procs_per_node=2 scaling=strong"]
+    all_gather8, all_gather7 = (
+        100 * (outer[f"flexdemo lr=0.003 nodes=8 outer_lr=2 procs_per_node=1 scaling=strong{seed}"]["final_eval_loss"]
+               / reference["final_eval_loss"] - 1)
+        for seed, reference in (("", result("sweep_nodes")["runs"]["adamw lr=0.003 nodes=8 procs_per_node=1 "
+                                                                    "scaling=strong"]),
+                                (" seed=7", outer["adamw lr=0.003 nodes=8 procs_per_node=1 scaling=strong seed=7"])))
+    bits4, bits2, gather4 = (_bits_sent(run) for run in (owner4, owner2, all_gather4))
+    estimate = payload_bits_per_param(4, {"replicator": "owner"})[0]
+    assert _behind_at(owner4, all_gather4) == _evaluations(owner4)
+    assert (f"With seed 7 (at commit {_commit_of('sweep_nodes_owner', owner7)}) the owner at `outer_lr=1` is "
+            f"{gap7:+.2f} % against AdamW-HSDP of that seed, where the all-gather at its 2 is {all_gather7:+.2f} %: on "
+            f"the mean of two seeds {(gap8 + gap7) / 2:+.2f} % against the all-gather's "
+            f"{(all_gather8 + all_gather7) / 2:+.2f} %") in PROSE
+    assert (f"At 4 nodes (at commit {_commit_of('sweep_nodes_owner', owner4)}, at its default outer step 1) a node "
+            f"sends and receives {bits4:.3g} bits per parameter and step, {bits4 / bits2:.2f} × its 2-node figure (the "
+            f"all-gather: {gather4:.3g}, {gather4 / bits2:.2f} ×; the doctor's estimate, {estimate:.3g}, is within "
+            f"{100 * abs(bits4 / estimate - 1):.1f} % of what the run logged), and the owner ends at "
+            f"{owner4['final_eval_loss']:.3f}, {gap4:+.2f} %, behind the all-gather at its 1.41 "
+            f"({_gap(all_gather4, adamw4)}) at every evaluation ({_loss_at(owner4, 200):.3f} against "
+            f"{_loss_at(all_gather4, 200):.3f} at step 200)") in PROSE
+    assert abs(bits4 / estimate - 1) < 0.01
 
 
 def test_the_shared_positions_probe_is_the_json():
