@@ -346,9 +346,10 @@ GRIDS: dict[str, dict[str, Any]] = {
             _run("flexdemo", 3e-3, nodes=8, procs_per_node=1, scaling="strong", replicator="owner", outer_lr=1.0),
             # issue 32 measures the flat exchange at R = 2, 4 and 8: 4 nodes, at the owner's default outer step (1)
             _run("flexdemo", 3e-3, nodes=4, procs_per_node=2, scaling="strong", replicator="owner"),
-            # a second seed at 8 nodes, at the owner's best outer step there (1, its default)
+            # a second seed at 8 nodes, at the owner's best outer step there (1, its default), and at 2
             _run("flexdemo", 3e-3, nodes=8, procs_per_node=1, scaling="strong", replicator="owner", outer_lr=1.0,
                  seed=7),
+            _run("flexdemo", 3e-3, scaling="strong", replicator="owner", seed=7),
         ],
     },
     # Bits at 2 nodes over 2,000 steps (2 x 2): AdamW-HSDP, the defaults (0.19 bits per parameter per step sent per
