@@ -866,12 +866,13 @@ OWNER_FILES = {"sweep_nodes_owner_lagged": "a round late", "sweep_nodes_owner": 
 
 def _owner_gaps(name: str) -> dict[str, tuple[dict, float]]:
     """Each run of one grid nodes_owner file and its gap against AdamW-HSDP on the same nodes and seed (grid nodes at
-    8 x 1 and 4 x 2, grid nodes_outer at 8 x 1 with seed 7, grid bits at 2 x 2)."""
+    8 x 1 and 4 x 2, grid nodes_outer at 8 x 1 with seed 7, grid bits at 2 x 2 with either seed)."""
     strong = "procs_per_node={} scaling=strong"
     adamw = {(8, 42): result("sweep_nodes")["runs"]["adamw lr=0.003 nodes=8 " + strong.format(1)],
              (4, 42): result("sweep_nodes")["runs"]["adamw lr=0.003 nodes=4 " + strong.format(2)],
              (8, 7): result("sweep_nodes_outer")["runs"]["adamw lr=0.003 nodes=8 " + strong.format(1) + " seed=7"],
-             (2, 42): result("sweep_bits")["runs"]["adamw lr=0.003"]}
+             (2, 42): result("sweep_bits")["runs"]["adamw lr=0.003"],
+             (2, 7): result("sweep_bits")["runs"]["adamw lr=0.003 seed=7"]}
 
     def reference(run: dict) -> dict:
         return adamw[run["knobs"].get("nodes", 2), run["knobs"].get("seed", 42)]
