@@ -925,7 +925,8 @@ def test_the_owner_rows_are_the_json():
 
 def test_the_owner_at_4_nodes_and_its_second_seed_are_the_json():
     """"Received bytes flat in the number of nodes": the owner at 4 nodes against the all-gather there (bits, the
-    doctor's estimate of them, loss at every evaluation), and its second seed at 8 nodes against the all-gather's."""
+    doctor's estimate of them, loss at every evaluation), and its second seeds at 8 and 2 nodes against the
+    all-gather's."""
     from hf_flexdemo.wire.estimate import payload_bits_per_param
 
     lean = _owner_gaps("sweep_nodes_owner")
@@ -958,6 +959,14 @@ def test_the_owner_at_4_nodes_and_its_second_seed_are_the_json():
             f"({_gap(all_gather4, adamw4)}) at every evaluation ({_loss_at(owner4, 200):.3f} against "
             f"{_loss_at(all_gather4, 200):.3f} at step 200)") in PROSE
     assert abs(bits4 / estimate - 1) < 0.01
+    two = result("sweep_bits")["runs"]
+    (_, gap2), (owner27, gap27) = (lean["flexdemo lr=0.003 replicator=owner scaling=strong" + seed] for seed in
+                                   ("", " seed=7"))
+    all_gather2 = [100 * (two["flexdemo lr=0.003" + seed]["final_eval_loss"]
+                          / two["adamw lr=0.003" + seed]["final_eval_loss"] - 1) for seed in ("", " seed=7")]
+    assert (f"At 2 nodes, with seed 7 (at commit {_commit_of('sweep_nodes_owner', owner27)}), it is {gap27:+.2f} % "
+            f"(seed 42: {gap2:+.2f} %): {(gap2 + gap27) / 2:+.2f} % on the mean of two seeds, against the "
+            f"all-gather's {sum(all_gather2) / 2:+.2f} % (grid `bits`, landing one step after the start)") in PROSE
 
 
 def test_the_shared_positions_probe_is_the_json():
