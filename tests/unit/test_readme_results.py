@@ -476,7 +476,7 @@ def test_the_outer_step_past_the_rule_at_8_nodes_is_the_json():
     rule, root, halved, raised = (
         data["runs"][f"flexdemo lr={lr} nodes=8 outer_lr={outer} procs_per_node=1 scaling=strong"]
         for lr, outer in (("0.003", "2"), ("0.003", "2.83"), ("0.0015", "4"), ("0.00424", "1.41")))
-    adamw = result("sweep_nodes")["runs"]["adamw lr=0.003 nodes=8 procs_per_node=1 scaling=strong"]["final_eval_loss"]
+    adamw = _strong_adamw(8)["final_eval_loss"]
     for run, outer in ((root, 2.83), (halved, 4.0), (raised, 1.41)):
         assert run["flexdemo_config"]["outer_lr"] == outer
         invocation = data["invocations"][run["invocation"]]
@@ -864,21 +864,24 @@ def test_the_flat_exchange_row_is_the_json():
 OWNER_FILES = {"sweep_nodes_owner_lagged": "a round late", "sweep_nodes_owner": "leaning on its own share"}
 
 
+def _strong_adamw(nodes: int, seed: int = 42) -> dict:
+    """AdamW-HSDP at 3e-3 on ``nodes`` nodes with the global batch fixed: grid nodes at 8 x 1 and 4 x 2, grid
+    nodes_outer at 8 x 1 with seed 7, grid bits at 2 x 2 with either seed."""
+    at = "" if seed == 42 else f" seed={seed}"
+    if nodes == 2:
+        return result("sweep_bits")["runs"]["adamw lr=0.003" + at]
+    grid = "sweep_nodes" if seed == 42 else "sweep_nodes_outer"
+    return result(grid)["runs"][f"adamw lr=0.003 nodes={nodes} procs_per_node={8 // nodes} scaling=strong{at}"]
+
+
 def _owner_gaps(name: str) -> dict[str, tuple[dict, float]]:
-    """Each run of one grid nodes_owner file and its gap against AdamW-HSDP on the same nodes and seed (grid nodes at
-    8 x 1 and 4 x 2, grid nodes_outer at 8 x 1 with seed 7, grid bits at 2 x 2 with either seed)."""
-    strong = "procs_per_node={} scaling=strong"
-    adamw = {(8, 42): result("sweep_nodes")["runs"]["adamw lr=0.003 nodes=8 " + strong.format(1)],
-             (4, 42): result("sweep_nodes")["runs"]["adamw lr=0.003 nodes=4 " + strong.format(2)],
-             (8, 7): result("sweep_nodes_outer")["runs"]["adamw lr=0.003 nodes=8 " + strong.format(1) + " seed=7"],
-             (2, 42): result("sweep_bits")["runs"]["adamw lr=0.003"],
-             (2, 7): result("sweep_bits")["runs"]["adamw lr=0.003 seed=7"]}
+    """Each run of one grid nodes_owner file and its gap against AdamW-HSDP on the same nodes and seed
+    (:func:`_strong_adamw`)."""
+    def gap(run: dict) -> float:
+        reference = _strong_adamw(run["knobs"].get("nodes", 2), run["knobs"].get("seed", 42))
+        return 100 * (run["final_eval_loss"] / reference["final_eval_loss"] - 1)
 
-    def reference(run: dict) -> dict:
-        return adamw[run["knobs"].get("nodes", 2), run["knobs"].get("seed", 42)]
-
-    return {key: (run, 100 * (run["final_eval_loss"] / reference(run)["final_eval_loss"] - 1))
-            for key, run in result(name)["runs"].items()}
+    return {key: (run, gap(run)) for key, run in result(name)["runs"].items()}
 
 
 def test_the_owner_rows_are_the_json():
@@ -936,14 +939,10 @@ def test_the_owner_at_4_nodes_and_its_second_seed_are_the_json():
     (_, gap8), (owner7, gap7) = (lean[prefix.format(8, "outer_lr=1 ", 1) + seed] for seed in ("", " seed=7"))
     assert owner4["flexdemo_config"]["outer_lr"] == owner7["flexdemo_config"]["outer_lr"] == 1.0
     outer = result("sweep_nodes_outer")["runs"]
-    adamw4 = result("sweep_nodes")["runs"]["adamw lr=0.003 nodes=4 procs_per_node=2 scaling=strong"]
     all_gather4 = outer["flexdemo lr=0.003 nodes=4 outer_lr=1.41 procs_per_node=2 scaling=strong"]
     all_gather8, all_gather7 = (
-        100 * (outer[f"flexdemo lr=0.003 nodes=8 outer_lr=2 procs_per_node=1 scaling=strong{seed}"]["final_eval_loss"]
-               / reference["final_eval_loss"] - 1)
-        for seed, reference in (("", result("sweep_nodes")["runs"]["adamw lr=0.003 nodes=8 procs_per_node=1 "
-                                                                    "scaling=strong"]),
-                                (" seed=7", outer["adamw lr=0.003 nodes=8 procs_per_node=1 scaling=strong seed=7"])))
+        100 * (outer[f"flexdemo lr=0.003 nodes=8 outer_lr=2 procs_per_node=1 scaling=strong{at}"]["final_eval_loss"]
+               / _strong_adamw(8, seed)["final_eval_loss"] - 1) for at, seed in (("", 42), (" seed=7", 7)))
     bits4, bits2, gather4 = (_bits_sent(run) for run in (owner4, owner2, all_gather4))
     estimate = payload_bits_per_param(4, {"replicator": "owner"})[0]
     assert _behind_at(owner4, all_gather4) == _evaluations(owner4)
@@ -956,14 +955,14 @@ def test_the_owner_at_4_nodes_and_its_second_seed_are_the_json():
             f"all-gather: {gather4:.3g}, {gather4 / bits2:.2f} ×; the doctor's estimate, {estimate:.3g}, is within "
             f"{100 * abs(bits4 / estimate - 1):.1f} % of what the run logged), and the owner ends at "
             f"{owner4['final_eval_loss']:.3f}, {gap4:+.2f} %, behind the all-gather at its 1.41 "
-            f"({_gap(all_gather4, adamw4)}) at every evaluation ({_loss_at(owner4, 200):.3f} against "
+            f"({_gap(all_gather4, _strong_adamw(4))}) at every evaluation ({_loss_at(owner4, 200):.3f} against "
             f"{_loss_at(all_gather4, 200):.3f} at step 200)") in PROSE
     assert abs(bits4 / estimate - 1) < 0.01
     two = result("sweep_bits")["runs"]
     (_, gap2), (owner27, gap27) = (lean["flexdemo lr=0.003 replicator=owner scaling=strong" + seed] for seed in
                                    ("", " seed=7"))
-    all_gather2 = [100 * (two["flexdemo lr=0.003" + seed]["final_eval_loss"]
-                          / two["adamw lr=0.003" + seed]["final_eval_loss"] - 1) for seed in ("", " seed=7")]
+    all_gather2 = [100 * (two["flexdemo lr=0.003" + at]["final_eval_loss"] / _strong_adamw(2, seed)["final_eval_loss"]
+                          - 1) for at, seed in (("", 42), (" seed=7", 7))]
     assert (f"At 2 nodes, with seed 7 (at commit {_commit_of('sweep_nodes_owner', owner27)}), it is {gap27:+.2f} % "
             f"(seed 42: {gap2:+.2f} %): {(gap2 + gap27) / 2:+.2f} % on the mean of two seeds, against the "
             f"all-gather's {sum(all_gather2) / 2:+.2f} % (grid `bits`, landing one step after the start)") in PROSE
