@@ -1,13 +1,13 @@
 """The loss gap against bits: every 2,000-step run of the committed sweeps, one Pareto front per node count and model.
 
 Reads the sweeps at the ``--horizon`` preset (``sweep.py`` grids ``bits``, ``nodes``, ``nodes_outer``, ``nodes_leader``,
-``nodes_owner``, ``nodes_weak``, ``nodes_weak_step_wise``, ``sizes_long``, ``lr_horizon``, whichever are committed) and
-puts each FlexDeMo run at its bits per parameter per step (sent per node, from the run's Trainer logs) and its final
-validation loss's gap against AdamW-HSDP on the same nodes, processes, batch scaling, model and seed, at the best of the
-learning rates run for it in any of those files (the baseline a user would pick); a setting run with several seeds is
-one point, the mean of its seeds' gaps. A front holds the settings no other on the same nodes, scaling and model beats
-on both gap and bits. Nothing is trained: this reads results, and writes ``benchmarks/results/frontier.json`` and
-``frontier.png``.
+``nodes_owner``, ``nodes_weak``, ``nodes_weak_step_wise``, ``nodes_strong_step_wise``, ``sizes_long``, ``lr_horizon``,
+whichever are committed) and puts each FlexDeMo run at its bits per parameter per step (sent per node, from the run's
+Trainer logs) and its final validation loss's gap against AdamW-HSDP on the same nodes, processes, batch scaling, model
+and seed, at the best of the learning rates run for it in any of those files (the baseline a user would pick); a setting
+run with several seeds is one point, the mean of its seeds' gaps. A front holds the settings no other on the same nodes,
+scaling and model beats on both gap and bits. Nothing is trained: this reads results, and writes
+``benchmarks/results/frontier.json`` and ``frontier.png``.
 
     python benchmarks/frontier.py
 """
@@ -25,7 +25,7 @@ from sweep import MODEL_FLAGS  # a run that sets none of them trains the quick m
 
 HERE = Path(__file__).resolve().parent
 GRIDS = ("bits", "bits_outer", "nodes", "nodes_outer", "nodes_leader", "nodes_owner", "nodes_weak",
-         "nodes_weak_step_wise", "sizes_long", "lr_horizon")
+         "nodes_weak_step_wise", "nodes_strong_step_wise", "sizes_long", "lr_horizon")
 # the field's operating point (SparseLoCo in Covenant-72B, arXiv 2603.08163) and issue 32's targets, for the plot
 FIELD_BITS = 0.0073
 BITS_TOLERANCE = 0.01  # bits this close count as equal on a front (see fronts())
