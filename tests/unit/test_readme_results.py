@@ -381,8 +381,11 @@ def test_the_node_scaling_table_is_the_json():
         for run in result(name)["runs"].values():
             logged = run["bytes_sent"].get("bits_per_param_sent")
             if run["method"] != "adamw" and run["knobs"].get("nodes", 2) > 2 and logged is not None:
-                under.append(100 * (1 - _ratio_bits(run) / logged))
-    assert f"which lies {min(under):.1f}–{max(under):.1f} % under the logged mean in every 4- and 8-node run" in PROSE
+                under.append((run["flexdemo_config"]["local_steps"], 100 * (1 - _ratio_bits(run) / logged)))
+    shorter, sixteen = [gap for rounds, gap in under if rounds <= 8], [gap for rounds, gap in under if rounds == 16]
+    assert {rounds for rounds, _ in under} == {4, 8, 16} and max(sixteen) < 0
+    assert (f"which lies {min(shorter):.1f}–{max(shorter):.1f} % under the logged mean in every 4- and 8-node run in "
+            f"rounds of 4 or 8 that has both (in rounds of 16, {-max(sixteen):.1f} % over it)") in PROSE
 
     def topology(run: dict) -> tuple:
         knobs = run["knobs"]
@@ -715,6 +718,43 @@ def test_the_weak_scaling_lr_bracket_and_rounds_of_4_are_the_json():
             f"on ({_loss_at(four, 600):.3f} against {_loss_at(defaults, 600):.3f}), with a lower training loss over "
             f"the last 200 steps ({_tail(four):.3f} against {_tail(defaults):.3f})") in PROSE
     assert _behind_at(four, defaults) == _evaluations(defaults)[2:] and _tail(four) < _tail(defaults)
+
+
+def test_the_weak_scaling_rounds_of_16_are_the_json():
+    """"Weak scaling": rounds of 16 at 8 nodes against the defaults' rounds of 8 and AdamW-HSDP at both lrs, and the
+    same halving's cost at 2 nodes (grid bits, two seeds, both landing after one step)."""
+    data = result("sweep_nodes_weak")
+    runs = data["runs"]
+    defaults, base, best = _weak_defaults(runs), *(runs[f"adamw lr={lr} nodes=8 procs_per_node=1 scaling=weak"]
+                                                   for lr in ("0.003", "0.006"))
+    sixteen = runs["flexdemo lr=0.003 local_steps=16 nodes=8 procs_per_node=1 scaling=weak"]
+    invocation = data["invocations"][sixteen["invocation"]]
+    assert invocation["machine"]["cpu_model"] == "AMD EPYC" and not invocation["git_dirty"]
+    bits, bits8 = _bits_sent(sixteen), _bits_sent(defaults)
+    assert sixteen["bytes_sent"]["bits_per_param_received"] == bits and round(bits8 / bits, 1) == 2.0
+    margin = 100 * (sixteen["final_eval_loss"] / defaults["final_eval_loss"] - 1)
+    gaps = {seed: _best_lr_gap(runs, seed) for seed in (42, 7)}
+    assert margin < abs(gaps[42] - gaps[7])
+    lag = {c["step"]: c["eval_loss"] - ref["eval_loss"] for c, ref in zip(sixteen["curve"][1:], defaults["curve"][1:])}
+    assert min(lag.values()) > 0 and max(lag, key=lag.get) == 400 and min(lag, key=lag.get) == 1800
+    two = result("sweep_bits")["runs"]
+    cost2 = _mean_gap(two, "flexdemo lr=0.003 local_steps=16") - _mean_gap(two, "flexdemo lr=0.003")
+    landed = [r["flexdemo_config"]["outer_delay"] for r in (sixteen, defaults, *(
+        two[f"flexdemo lr=0.003{knob}{seed}"] for knob in ("", " local_steps=16") for seed in ("", " seed=7")))]
+    assert landed == [1] * 6
+    assert (f"Rounds of 16 (`local_steps=16`, at commit {invocation['git_commit'][:7]}, the same grid: {bits:.3f} bits "
+            f"per parameter and step sent, and as many received, half the defaults' {bits8:.2f}) at the default outer "
+            f"step end at {sixteen['final_eval_loss']:.3f}, {margin:+.2f} % against the defaults' rounds of 8 and "
+            f"{_gap(sixteen, base)} against AdamW-HSDP at 3e-3 ({_gap(sixteen, best)} against its best lr, 6e-3, where "
+            f"the defaults are {gaps[42]:+.2f} % on this seed): behind the defaults at every evaluation, most at step "
+            f"400 ({_loss_at(sixteen, 400):.3f} against {_loss_at(defaults, 400):.3f}) and least at 1,800 "
+            f"({_loss_at(sixteen, 1800):.3f} against {_loss_at(defaults, 1800):.3f}), with a training loss over the "
+            f"last 200 steps of {_tail(sixteen):.3f} against {_tail(defaults):.3f}. At 2 nodes the same halving costs "
+            f"{cost2:.2f} points on the mean of two seeds "
+            f"({_mean_gap(two, 'flexdemo lr=0.003 local_steps=16'):+.2f} % against "
+            f"{_mean_gap(two, 'flexdemo lr=0.003'):+.2f} %") in PROSE
+    assert (f"The margin ({margin:.2f} points) is inside the seeds' spread of the defaults' gap "
+            f"({abs(gaps[42] - gaps[7]):.2f} points)") in PROSE
 
 
 def test_the_fronts_are_the_json():
