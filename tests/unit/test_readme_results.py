@@ -721,8 +721,8 @@ def test_the_weak_scaling_lr_bracket_and_rounds_of_4_are_the_json():
 
 
 def test_the_weak_scaling_rounds_of_16_are_the_json():
-    """"Weak scaling": rounds of 16 at 8 nodes against the defaults' rounds of 8 and AdamW-HSDP at both lrs, and the
-    same halving's cost at 2 nodes (grid bits, two seeds, both landing after one step)."""
+    """"Weak scaling": rounds of 16 at 8 nodes against the defaults' rounds of 8 and AdamW-HSDP at both lrs, the same
+    halving's cost at 2 nodes (grid bits, two seeds, both landing after one step) and at 8 strong nodes."""
     data = result("sweep_nodes_weak")
     runs = data["runs"]
     defaults, base, best = _weak_defaults(runs), *(runs[f"adamw lr={lr} nodes=8 procs_per_node=1 scaling=weak"]
@@ -755,6 +755,21 @@ def test_the_weak_scaling_rounds_of_16_are_the_json():
             f"{_mean_gap(two, 'flexdemo lr=0.003'):+.2f} %") in PROSE
     assert (f"The margin ({margin:.2f} points) is inside the seeds' spread of the defaults' gap "
             f"({abs(gaps[42] - gaps[7]):.2f} points)") in PROSE
+
+    strong = result("sweep_nodes_outer")
+    sixteen, rule = (strong["runs"][f"flexdemo lr=0.003 {knob}nodes=8 outer_lr=2 procs_per_node=1 scaling=strong"]
+                     for knob in ("local_steps=16 ", ""))
+    at = strong["invocations"][sixteen["invocation"]]
+    assert at["machine"]["cpu_model"] == "AMD EPYC" and not at["git_dirty"] and _bits_sent(sixteen) == bits
+    adamw = result("sweep_nodes")["runs"]["adamw lr=0.003 nodes=8 procs_per_node=1 scaling=strong"]
+    behind = [100 * (c["eval_loss"] / ref["eval_loss"] - 1) for c, ref in zip(sixteen["curve"][1:], rule["curve"][1:])]
+    assert behind == sorted(behind) and behind[0] > 0
+    assert (f"(grid `nodes_outer`, at commit {at['git_commit'][:7]}, [above](#loss-against-the-number-of-nodes)), "
+            f"rounds of 16 at the rule's outer step end at {sixteen['final_eval_loss']:.3f}, {_gap(sixteen, rule)} "
+            f"against the rule's rounds of 8 and {_gap(sixteen, adamw)} against AdamW-HSDP, behind at every evaluation "
+            f"and by more at each ({behind[0]:+.2f} % at step 200, {_loss_at(sixteen, 200):.3f} against "
+            f"{_loss_at(rule, 200):.3f}), with a training loss over the last 200 steps of {_tail(sixteen):.3f} against "
+            f"{_tail(rule):.3f}") in PROSE
 
 
 def test_the_fronts_are_the_json():
