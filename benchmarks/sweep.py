@@ -74,6 +74,15 @@ def pinned_knobs(grid: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
     return {**grid.get("pin", {}), **by_nodes, **run["knobs"]}
 
 
+def _dense_step_wise(scaling: str) -> dict[str, Any]:
+    """The step-wise rule without compression at 8 nodes: every step, the dense float32 mean of the nodes' AdamW steps,
+    each normalised by its own node's moments. It differs from AdamW-HSDP at the same lr (grids "nodes_weak" and
+    "nodes") only there: no rounds, no compression."""
+    return {"argv": HORIZON, "pin": {"momentum": "adam", "update": "sgd"},
+            "runs": [_run("flexdemo", 3e-3, nodes=8, procs_per_node=1, scaling=scaling, local_steps=1,
+                          replicator="full", value_dtype="float32")]}
+
+
 def _local(steps: int, *, rate: float = 1 / 4, value_dtype: str = "int2", **knobs: Any) -> dict[str, Any]:
     """A local-steps run at AdamW's lr on 32 x 32 blocks (grids "local" and "local_long")."""
     return _run("flexdemo", 3e-3, local_steps=steps, compression_rate=rate, compression_chunk=32,
@@ -281,27 +290,11 @@ GRIDS: dict[str, dict[str, Any]] = {
             _run("flexdemo", 3e-3, nodes=8, procs_per_node=1, scaling="weak", local_steps=16, seed=7),
         ],
     },
-    # Where the 8-weak-node gap comes from: each node normalising its own gradient before the mean. The step-wise
-    # rule without compression (every step, the dense mean of the nodes' AdamW steps, each on its own 32 sequences)
-    # differs from AdamW-HSDP at the same lr (grid "nodes_weak") only there: no rounds, no compression.
-    "nodes_weak_step_wise": {
-        "argv": HORIZON,
-        "pin": {"momentum": "adam", "update": "sgd"},
-        "runs": [
-            _run("flexdemo", 3e-3, nodes=8, procs_per_node=1, scaling="weak", local_steps=1, replicator="full",
-                 value_dtype="float32"),
-        ],
-    },
-    # ... and under strong scaling (grid "nodes": the global batch fixed at 64 sequences, 8 per node), where the
-    # defaults' outer step of 1 was +15.74 % and the dense pseudo-gradient mean +15.17 %
-    "nodes_strong_step_wise": {
-        "argv": HORIZON,
-        "pin": {"momentum": "adam", "update": "sgd"},
-        "runs": [
-            _run("flexdemo", 3e-3, nodes=8, procs_per_node=1, scaling="strong", local_steps=1, replicator="full",
-                 value_dtype="float32"),
-        ],
-    },
+    # Where the 8-node gap comes from: each node normalising its own gradient before the mean (_dense_step_wise)
+    "nodes_weak_step_wise": _dense_step_wise("weak"),
+    # ... under strong scaling (grid "nodes": the global batch fixed at 64 sequences, 8 per node), where the defaults'
+    # outer step of 1 was +15.74 % and the dense pseudo-gradient mean +15.17 %
+    "nodes_strong_step_wise": _dense_step_wise("strong"),
     # What the defaults lose at 8 nodes (strong scaling, 2,000 steps; AdamW-HSDP and the defaults are grid "nodes"):
     # compression (the dense pseudo-gradient mean instead), the outer rule (DiLoCo's Nesterov; a larger outer step:
     # the mean of R normalised AdamW updates on noisy gradients is shorter than one update on their mean), or the
