@@ -46,8 +46,9 @@ def grid_length(sweep, grid: str) -> int:
 
 
 @pytest.mark.parametrize("grid", ["density", "levers", "overlap", "local", "local_long", "nodes", "nodes_outer",
-                                  "nodes_leader", "nodes_owner", "nodes_weak", "nodes_weak_step_wise", "bits",
-                                  "outer_delay", "rounds_by_length", "sizes", "sizes_long"])
+                                  "nodes_leader", "nodes_owner", "nodes_weak", "nodes_weak_step_wise",
+                                  "nodes_strong_step_wise", "bits", "outer_delay", "rounds_by_length", "sizes",
+                                  "sizes_long"])
 def test_a_rerun_builds_the_configuration_each_committed_run_recorded(sweep, grid):
     pairs = committed_runs(sweep, grid)
     assert pairs, f"no committed FlexDeMo run of grid {grid!r}"
