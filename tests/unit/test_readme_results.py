@@ -646,16 +646,24 @@ def test_the_weak_scaling_second_seed_is_the_json():
             f"{_tail(best):.3f})") in PROSE
 
 
-def test_the_weak_scaling_cause_is_the_json():
-    """"Weak scaling": the dense step-wise rule at 8 weak nodes (the mean of the nodes' AdamW steps every step, no
-    rounds, no compression) against AdamW-HSDP and the defaults at the same lr, and the split of the gap."""
-    data = result("sweep_nodes_weak_step_wise")
+def _dense_step_wise(scaling: str) -> tuple[dict, dict]:
+    """Grid nodes_{scaling}_step_wise's one run (the step-wise rule without compression at 8 nodes, from a clean tree
+    on the AMD EPYC) and its invocation."""
+    data = result(f"sweep_nodes_{scaling}_step_wise")
     (key, dense), = data["runs"].items()
     config, invocation = dense["flexdemo_config"], data["invocations"][dense["invocation"]]
     assert dense["status"] == "ok" and dense["lr"] == 3e-3 and dense["knobs"]["nodes"] == 8, key
+    assert dense["knobs"]["scaling"] == scaling, key
     assert (config["local_steps"], config["replicator"], config["value_dtype"]) == (1, "full", "float32")
     assert (config["momentum"], config["update"]) == ("adam", "sgd")
     assert not invocation["git_dirty"] and invocation["machine"]["cpu_model"].startswith("AMD EPYC")
+    return dense, invocation
+
+
+def test_the_weak_scaling_cause_is_the_json():
+    """"Weak scaling": the dense step-wise rule at 8 weak nodes (the mean of the nodes' AdamW steps every step, no
+    rounds, no compression) against AdamW-HSDP and the defaults at the same lr, and the split of the gap."""
+    dense, invocation = _dense_step_wise("weak")
     runs = result("sweep_nodes_weak")["runs"]
     base, defaults, outer1 = (runs[f"{run} nodes=8 {knobs}procs_per_node=1 scaling=weak"] for run, knobs in (
         ("adamw lr=0.003", ""), ("flexdemo lr=0.003", ""), ("flexdemo lr=0.003", "outer_lr=1 ")))
@@ -676,18 +684,11 @@ def test_the_weak_scaling_cause_is_the_json():
 def test_the_strong_scaling_cause_is_the_json():
     """"Weak scaling": the dense step-wise rule at 8 strong nodes against AdamW-HSDP, the defaults' rounds at outer
     steps 1 and 2 and the dense pseudo-gradient mean, and the split of the gap."""
-    data = result("sweep_nodes_strong_step_wise")
-    (key, dense), = data["runs"].items()
-    config, invocation = dense["flexdemo_config"], data["invocations"][dense["invocation"]]
-    assert dense["status"] == "ok" and dense["lr"] == 3e-3 and dense["knobs"]["scaling"] == "strong", key
-    assert (config["local_steps"], config["replicator"], config["momentum"], config["update"]) == (1, "full", "adam",
-                                                                                                    "sgd")
-    assert not invocation["git_dirty"] and invocation["machine"]["cpu_model"].startswith("AMD EPYC")
-    runs = {**result("sweep_nodes")["runs"], **result("sweep_nodes_outer")["runs"]}
-    base, outer1, outer2, full = (runs[f"{run} nodes=8 {knobs}procs_per_node=1 {more}scaling=strong"]
-                                  for run, knobs, more in (("adamw lr=0.003", "", ""), ("flexdemo lr=0.003", "", ""),
-                                                           ("flexdemo lr=0.003", "outer_lr=2 ", ""),
-                                                           ("flexdemo lr=0.003", "", "replicator=full ")))
+    dense, invocation = _dense_step_wise("strong")
+    base = _strong_adamw(8)
+    outer1 = result("sweep_nodes")["runs"]["flexdemo lr=0.003 nodes=8 procs_per_node=1 scaling=strong"]
+    outer2, full = (result("sweep_nodes_outer")["runs"][f"flexdemo lr=0.003 nodes=8 {knobs}scaling=strong"]
+                    for knobs in ("outer_lr=2 procs_per_node=1 ", "procs_per_node=1 replicator=full "))
     gap, gap1, gap2, gap_full = (100 * (r["final_eval_loss"] / base["final_eval_loss"] - 1)
                                  for r in (dense, outer1, outer2, full))
     assert _behind_at(dense, base) == _behind_at(outer1, dense) == _evaluations(base)
@@ -796,7 +797,7 @@ def test_the_weak_scaling_rounds_of_16_are_the_json():
                      for knob in ("local_steps=16 ", ""))
     at = strong["invocations"][sixteen["invocation"]]
     assert at["machine"]["cpu_model"] == "AMD EPYC" and not at["git_dirty"] and _bits_sent(sixteen) == bits
-    adamw = result("sweep_nodes")["runs"]["adamw lr=0.003 nodes=8 procs_per_node=1 scaling=strong"]
+    adamw = _strong_adamw(8)
     behind = [100 * (c["eval_loss"] / ref["eval_loss"] - 1) for c, ref in zip(sixteen["curve"][1:], rule["curve"][1:])]
     assert behind == sorted(behind) and behind[0] > 0
     assert (f"(grid `nodes_outer`, at commit {at['git_commit'][:7]}, [above](#loss-against-the-number-of-nodes)), "
