@@ -319,7 +319,8 @@ GRIDS: dict[str, dict[str, Any]] = {
             _run("adamw", 3e-3, nodes=8, procs_per_node=1, scaling="strong", seed=7),
             _run("flexdemo", 3e-3, nodes=8, procs_per_node=1, scaling="strong", outer_lr=2.0, seed=7),
             # rounds of 16 at the rule's step: at 8 weak nodes they cost under a point over rounds of 8 (+0.78 %, grid
-            # "nodes_weak") for half the bits, where at 2 nodes they cost 1.6 (grid "bits"). Under strong scaling too?
+            # "nodes_weak") for half the bits, where at 2 nodes they cost 1.41 (grid "bits", both landing after one
+            # step). Under strong scaling too?
             _run("flexdemo", 3e-3, nodes=8, procs_per_node=1, scaling="strong", outer_lr=2.0, local_steps=16),
         ],
     },
