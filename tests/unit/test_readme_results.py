@@ -793,7 +793,8 @@ def test_the_weak_scaling_rounds_of_16_are_the_json():
             f"({abs(gaps[42] - gaps[7]):.2f} points)") in PROSE
     sixteen7, defaults7, best7 = (runs[key + " seed=7"] for key in (
         "flexdemo lr=0.003 local_steps=16 nodes=8 procs_per_node=1 scaling=weak",
-        "flexdemo lr=0.003 nodes=8 procs_per_node=1 scaling=weak", "adamw lr=0.006 nodes=8 procs_per_node=1 scaling=weak"))
+        "flexdemo lr=0.003 nodes=8 procs_per_node=1 scaling=weak",
+        "adamw lr=0.006 nodes=8 procs_per_node=1 scaling=weak"))
     at7 = data["invocations"][sixteen7["invocation"]]
     assert at7["machine"]["cpu_model"] == "AMD EPYC" and not at7["git_dirty"] and _bits_sent(sixteen7) == bits
     assert _behind_at(sixteen7, defaults7) == _evaluations(sixteen7)
