@@ -288,6 +288,9 @@ GRIDS: dict[str, dict[str, Any]] = {
             _run("flexdemo", 3e-3, nodes=8, procs_per_node=1, scaling="weak", local_steps=16),
             # ... they did (+0.78 % over rounds of 8, inside the seeds' spread of 1.09 points): a second seed
             _run("flexdemo", 3e-3, nodes=8, procs_per_node=1, scaling="weak", local_steps=16, seed=7),
+            # the cause, each node normalising by its own batch's second moment, met where it arises: each element of
+            # what a node sends lengthened to the nodes' batch (progress_scale="batch"), at the outer step of a mean
+            _run("flexdemo", 3e-3, nodes=8, procs_per_node=1, scaling="weak", progress_scale="batch", outer_lr=1.0),
         ],
     },
     # Where the 8-node gap comes from: each node normalising its own gradient before the mean (_dense_step_wise)
@@ -322,6 +325,9 @@ GRIDS: dict[str, dict[str, Any]] = {
             # "nodes_weak") for half the bits, where at 2 nodes they cost 1.41 (grid "bits", both landing after one
             # step). Under strong scaling too?
             _run("flexdemo", 3e-3, nodes=8, procs_per_node=1, scaling="strong", outer_lr=2.0, local_steps=16),
+            # each element of what a node sends lengthened to the nodes' batch (progress_scale="batch", grid
+            # "nodes_weak"), at the outer step of a mean
+            _run("flexdemo", 3e-3, nodes=8, procs_per_node=1, scaling="strong", progress_scale="batch"),
         ],
     },
     # Received bytes flat in R: replicator="leader" (one node's positions, chosen the exchange before; one all-reduce

@@ -32,6 +32,7 @@ DriftAction = Literal["auto", "raise", "resync", "tolerate"]
 Preset = Literal["default", "step-wise", "flexdemo-paper", "demo-paper"]
 Transform = Literal["auto", "dct", "none"]
 Mode = Literal["local", "step-wise"]
+ProgressScale = Literal["none", "batch"]
 
 REPLICATORS: tuple[str, ...] = get_args(ReplicatorName)
 UPDATES: tuple[str, ...] = get_args(Update)
@@ -161,6 +162,11 @@ KNOBS: tuple[Knob, ...] = (
     Knob("outer_momentum", 0.0, float, "Nesterov momentum of that outer step (DiLoCo: outer_lr 0.7, 0.9); 0: plain "
          "averaging with error feedback (SparseLoCo).", modes=LOCAL, policy="outer", field="momentum",
          ok=lambda v: _number(v) and 0.0 <= v < 1.0, accepted="a float in [0, 1) (0: no outer momentum)"),
+    Knob("progress_scale", "none", ProgressScale, "What a node sends of a round: its own progress (none), or each "
+         "element's inner AdamW steps lengthened to the step AdamW takes on the R nodes' mean gradient (batch): "
+         "sqrt(R v / (v + (R - 1) s)) times, in [1, sqrt(R)], from the node's second moment v and the signal's s, "
+         "estimated from the products of its consecutive gradients. The node's own path is unchanged; 12 more bytes "
+         "of optimizer state per parameter.", modes=LOCAL, policy="outer", field="progress_scale"),
     Knob("outer_delay", None, int | None, "Streamed (overlap='delayed'): the inner steps a round's exchange travels "
          "during before it moves the anchor (Streaming DiLoCo's tau); the progress of those steps enters error "
          "feedback, so replicas restart from one anchor and nothing is lost. None (the default): until the next "

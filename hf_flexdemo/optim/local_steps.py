@@ -51,7 +51,8 @@ a non-finite value spreads through the next forward to every parameter, and thro
 
 State per parameter (float32 unless noted): ``exp_avg``, ``exp_avg_sq`` (the parameter's dtype) and ``step``
 (on the CPU), the inner AdamW's; ``anchor``, the parameters at the last exchange; ``delta``, the error
-feedback; ``outer_avg``, the Nesterov buffer (only with ``outer_momentum > 0``). The phase within a round is
+feedback; ``outer_avg``, the Nesterov buffer (only with ``outer_momentum > 0``); with ``progress_scale="batch"``
+the gradient statistics and the extra progress of :mod:`hf_flexdemo.optim.progress_scale`. The phase within a round is
 the optimizer's ``steps`` modulo H; where replicas differ (mid-round, or streaming before a landing),
 ``state_dict`` also holds each rank's ``local`` shard, since a Trainer checkpoint keeps the anchor
 (:meth:`~hf_flexdemo.optim.optimizer.FlexDeMo.consensus_parameters`).
@@ -67,7 +68,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from . import own_share
+from . import own_share, progress_scale
 from .mode import Mode
 from .one_replica import adamw_state, adamw_step
 from .plan import Bucket, Stack, local_shard, stack_rows
@@ -76,7 +77,7 @@ if TYPE_CHECKING:
     from ..wire.replicators import Replicator
     from .optimizer import FlexDeMo
 
-FLOAT32_KEYS = ("anchor", "outer_avg", own_share.KEY)  # besides delta, which the optimizer keeps in float32
+FLOAT32_KEYS = ("anchor", "outer_avg", own_share.KEY, *progress_scale.KEYS)  # besides delta (the optimizer's)
 LOCAL_KEY = "local"  # mid-round state_dict only: this rank's parameter shard
 
 
@@ -122,6 +123,7 @@ class LocalSteps(Mode):
         self.streaming = optimizer.options["overlap"] == "delayed"
         self.delay = optimizer.options["outer_delay"]
         self.fragments = optimizer.options["outer_fragments"]
+        self.scaled = optimizer.options["progress_scale"] == "batch"
         self.slot = self.every // self.fragments  # steps between two fragments' round ends
         self.members: list[list[Tensor]] = [[] for _ in range(self.fragments)]  # each fragment's parameters
         self.synced = False  # finish() or adopt() left every replica at the anchor, until the next step
@@ -165,6 +167,8 @@ class LocalSteps(Mode):
         feedback, with outer momentum its buffer, and on a lagging wire the own share (a single replica's state
         lacks all but the moments)."""
         adamw_state(state, p)
+        if self.scaled:
+            progress_scale.new_state(state, local_shard(p))
         if "anchor" not in state:
             shard = local_shard(p).detach()
             state["anchor"] = shard.to(torch.float32, copy=True)
@@ -183,7 +187,7 @@ class LocalSteps(Mode):
         engine, done = self.optimizer.exchange, self.optimizer.steps + 1
         self.synced = False
         if not self.streaming:
-            adamw_step(stacks)
+            self._inner(stacks)
             if done % self.every == 0:
                 self._launch(stacks)
                 skipped = engine.land(rule=self._outer)
@@ -199,14 +203,24 @@ class LocalSteps(Mode):
             self._restart(stacks, clean=True)
             own_share.forget(stacks)
         else:
-            adamw_step(stacks)
+            self._inner(stacks)
         if done % self.slot == 0:
             stacks = [stack for stack in stacks if stack.fragment == self.fragment_at(done)]
             self._launch(stacks)  # an empty fragment (or rank) still joins the collective: every rank issues the same
             for stack in stacks:  # what was held back decays now; the progress until the exchange lands joins it
                 held = stack.momentum.zero_() if engine.replicator.spends_momentum else stack.momentum
                 held.mul_(stack.group["feedback_decay"])
-                torch._foreach_add_(list(held.unbind(0)), stack.shards())  # minus where the replica is then (_land)
+                torch._foreach_add_(list(held.unbind(0)), self._position(stack))  # minus where it is then (_land)
+
+    def _inner(self, stacks: list[Stack]) -> None:
+        adamw_step(stacks)
+        if self.scaled:
+            progress_scale.accumulate(stacks, self.optimizer.replicate.size)
+
+    def _position(self, stack: Stack) -> list[Tensor]:
+        """Where the exchange counts each replica of ``stack``: its local shard (``progress_scale="batch"``: plus
+        the extra progress)."""
+        return progress_scale.positions(stack) if self.scaled else stack.shards()
 
     def _launch(self, stacks: list[Stack]) -> None:
         def momentum(stack: Stack) -> Tensor:
@@ -233,7 +247,7 @@ class LocalSteps(Mode):
                 stack.discard()
                 continue
             stack.commit(spent=False)
-            torch._foreach_sub_(list(stack.delta.unbind(0)), stack.shards())  # minus where the replica is now
+            torch._foreach_sub_(list(stack.delta.unbind(0)), self._position(stack))  # minus where it is now
             self._outer(stack, stack_rows(stack.states, "pending_update"))
         engine.drop_held_state(stacks)
         if pending["skip"]:
@@ -278,6 +292,8 @@ class LocalSteps(Mode):
                 if "outer_avg" in state:
                     state["outer_avg"].zero_()
             own_share.forget([stack])
+            if self.scaled:
+                progress_scale.restart([stack])
         self.synced = True
 
     def agreed(self, steps: int) -> bool:
@@ -290,16 +306,19 @@ class LocalSteps(Mode):
             return True
         return steps % self.every == 0 and not self.streaming and not self.lags
 
-    @staticmethod
-    def _restart(stacks: list[Stack], *, clean: bool) -> None:
-        """Every replica continues from the anchor; ``clean``: the non-finite entries of the inner moments and of
-        the error feedback (streaming: the progress a landing adds to it) become 0."""
+    def _restart(self, stacks: list[Stack], *, clean: bool) -> None:
+        """Every replica continues from the anchor (with no extra progress); ``clean``: the non-finite entries of the
+        inner moments, of the gradient statistics ``progress_scale`` keeps and of the error feedback (streaming: the
+        progress a landing adds to it) become 0."""
+        cleaned = ("exp_avg", "exp_avg_sq", "delta", *(progress_scale.PER_NODE if self.scaled else ()))
         for stack in stacks:
             torch._foreach_copy_(stack.shards(), list(stack_rows(stack.states, "anchor").unbind(0)))
             if clean:
                 for state in stack.states:
-                    for key in ("exp_avg", "exp_avg_sq", "delta"):
+                    for key in cleaned:
                         torch.nan_to_num_(state[key], nan=0.0, posinf=0.0, neginf=0.0)
+        if self.scaled:
+            progress_scale.restart(stacks)
 
     def pseudo_gradient(self, stack: Stack) -> Tensor:
         """The candidate error feedback ``decay * delta + (restart point - local)``, built in the stack's spare
@@ -307,7 +326,7 @@ class LocalSteps(Mode):
         point is the anchor, on a lagging wire moved by the replica's own share."""
         decay = 1.0 if self.streaming else stack.group["feedback_decay"]
         out = torch.mul(stack.delta, decay, out=stack.take_spare())
-        torch._foreach_sub_(list(out.unbind(0)), stack.shards())
+        torch._foreach_sub_(list(out.unbind(0)), self._position(stack))
         return own_share.restart_point(stack, out.add_(stack_rows(stack.states, "anchor")), self.lr)
 
     def _outer(self, stack: Stack, q: Tensor) -> None:

@@ -35,6 +35,7 @@ from torch import Tensor
 
 from ..wire.replicators.leader import STATE_KEYS as LEADER_KEYS
 from ..wire.replicators.owner import STATE_KEYS as OWNER_KEYS
+from . import progress_scale
 from .exchange import MOMENT_KEYS
 from .local_steps import LOCAL_KEY
 
@@ -49,13 +50,20 @@ PER_NODE = ("delta", *MOMENT_KEYS, LOCAL_KEY)
 # Local steps: the inner AdamW runs on each node's own gradients, so its moments are per node too, and so is the
 # error feedback a streamed exchange in flight holds until it lands (its consensus, ``pending_update``, is not).
 PENDING_DELTA = "pending_delta"
-LOCAL_STEPS_PER_NODE = ("exp_avg", "exp_avg_sq", PENDING_DELTA)
+LOCAL_STEPS_PER_NODE = ("exp_avg", "exp_avg_sq", PENDING_DELTA, *progress_scale.KEYS)
 
 
 def per_node_keys(options: dict[str, Any]) -> frozenset[str]:
     """The per-parameter state keys that differ between nodes under the optimizer-wide ``options``."""
     local = options.get("local_steps", 1) > 1
     return frozenset(PER_NODE + (LOCAL_STEPS_PER_NODE if local else ()))
+
+
+def _position(saved: dict[str, Any]) -> Tensor:
+    """Where a mid-round replica's saved state counts it (:meth:`~hf_flexdemo.optim.local_steps.LocalSteps.save`):
+    its local shard, plus the extra progress of ``progress_scale="batch"``."""
+    local = saved[LOCAL_KEY]
+    return local + saved[progress_scale.EXTRA] if progress_scale.EXTRA in saved else local
 
 
 def cut(full: Tensor, shard_size: int, index: int) -> Tensor:
@@ -150,9 +158,11 @@ def reshard_state_dict(states: Sequence[dict[str, Any]], *, old_shard_size: int,
             node_policy = policy if key in per_node else None
             if key == LOCAL_KEY and restart:
                 new = anchor
-            elif key == PENDING_DELTA and restart:  # held as (error feedback + the local shard at its launch): the
-                # policy applies to the feedback, which then moves with the local shard to the anchor
-                new = reshard([s["state"][index][key] - s["state"][index][LOCAL_KEY] for s in states], node_policy)
+            elif key == progress_scale.EXTRA and restart:  # the extra progress of the round left
+                new = torch.zeros_like(anchor)
+            elif key == PENDING_DELTA and restart:  # held as (error feedback + where the replica was counted at its
+                # launch): the policy applies to the feedback, which then moves with the replica to the anchor
+                new = reshard([s["state"][index][key] - _position(s["state"][index]) for s in states], node_policy)
                 new = new + anchor
             else:
                 new = reshard([s["state"][index][key] for s in states], node_policy)

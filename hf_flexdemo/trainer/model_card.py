@@ -74,9 +74,11 @@ def training_mode(config: FlexDeMoConfig, replicas: int, fragments: int | None =
     streaming = (f", streamed: it lands {config.outer_delay} inner step(s) after it starts{staggered}"
                  if config.overlap == "delayed" else "")
     selected = "DCT coefficients" if config.compression_transform == "dct" else "values"
+    scaled = (", each node's progress lengthened per element to the nodes' batch" if config.progress_scale == "batch"
+              else "")
     outer_lr = knobs.resolve_outer_lr(config.outer_lr if outer_lr is None else outer_lr, replicas, config.replicator)
     return (f"local steps: {config.local_steps} AdamW steps per node, then a compressed pseudo-gradient "
-            f"exchange (top-k of its {selected}, {outer}, outer lr {outer_lr:g}{streaming})")
+            f"exchange (top-k of its {selected}{scaled}, {outer}, outer lr {outer_lr:g}{streaming})")
 
 
 def fragments_ran(optimizer: FlexDeMo | None) -> int | None:

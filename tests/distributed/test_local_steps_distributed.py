@@ -20,7 +20,9 @@ from hf_flexdemo.wire.replicators import exchange_bytes
 
 LEADER = ",replicator=leader"  # the exchange whose received bytes are flat in R: one all-reduce of codes
 OWNER = ",replicator=owner"  # flat in R with each node's own top-k: one all-to-all to the blocks' owners
-CASES = ["averaging", "habits,topology=2x2,value_dtype=int2", "habits,topology=4x1,value_dtype=int4,local_steps=2",
+SCALED = ",progress_scale=batch"  # each node's progress lengthened to the nodes' batch
+CASES = ["averaging", f"averaging{SCALED}", "habits,topology=2x2,value_dtype=int2",
+         "habits,topology=4x1,value_dtype=int4,local_steps=2",
          "habits,topology=2x2,value_dtype=int2,overlap=delayed", "resume,value_dtype=int4",
          "resume,value_dtype=int4,overlap=delayed,outer_delay=2", "nonfinite,bad=3", "nonfinite,bad=4",
          f"habits,topology=2x2,value_dtype=int2{LEADER}",
@@ -28,7 +30,9 @@ CASES = ["averaging", "habits,topology=2x2,value_dtype=int2", "habits,topology=4
          f"resume,value_dtype=int4,overlap=delayed,outer_delay=2{LEADER}",
          f"habits,topology=2x2,value_dtype=int2{OWNER}", f"habits,topology=4x1,value_dtype=int4,overlap=delayed{OWNER}",
          f"resume,value_dtype=int2,overlap=delayed,outer_delay=2{OWNER}", f"resume,value_dtype=int2{OWNER}",
-         f"finals{OWNER}", "finals", f"lean{OWNER}", f"lean,overlap=delayed{OWNER}"]
+         f"finals{OWNER}", "finals", f"lean{OWNER}", f"lean,overlap=delayed{OWNER}",
+         f"habits,topology=2x2,value_dtype=int2{SCALED}", f"resume,value_dtype=int4{SCALED}",
+         f"resume,value_dtype=int4,overlap=delayed,outer_delay=2{SCALED}"]
 INDICES = ",rate=0.0625"  # 4 of each 8 x 8 block: packed indices
 CASES8 = [f"habits,topology=2x4,value_dtype=int2{INDICES}",
           f"habits,topology=4x2,value_dtype=int2,overlap=delayed{INDICES}",
@@ -40,7 +44,8 @@ CASES8 = [f"habits,topology=2x4,value_dtype=int2{INDICES}",
           f"resume,topology=8x1,value_dtype=int2{INDICES}{LEADER}",
           f"habits,topology=8x1,value_dtype=int2,overlap=delayed{INDICES}{OWNER}",
           f"habits,topology=4x2,value_dtype=int2{INDICES}{OWNER}",
-          f"resume,topology=8x1,value_dtype=int2,overlap=delayed,outer_delay=2{INDICES}{OWNER}"]
+          f"resume,topology=8x1,value_dtype=int2,overlap=delayed,outer_delay=2{INDICES}{OWNER}",
+          f"habits,topology=8x1,value_dtype=int2,overlap=delayed{INDICES}{SCALED}"]
 HABITS = [case for case in CASES + CASES8 if case.startswith("habits")]
 RESUMES = [case for case in CASES + CASES8 if case.startswith("resume")]
 
@@ -74,9 +79,12 @@ def suite(request):
     return request.getfixturevalue("suite8" if case in CASES8 else "suite4")
 
 
-def test_full_replicator_with_outer_sgd_is_periodic_averaging(suite):
+@pytest.mark.parametrize("case", ["averaging", f"averaging{SCALED}"])
+def test_full_replicator_with_outer_sgd_is_periodic_averaging(suite, case):
+    """The dense limit, against float64 references of periodic averaging (progress_scale="batch": of where the
+    replicas are counted, each one's parameters plus its extra progress)."""
     for rank in suite:
-        result = rank["averaging"]
+        result = rank[case]
         for got, want, initial in zip(result["flexdemo"], result["reference"], result["initial"]):
             assert not torch.equal(got, initial)
             torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
@@ -162,6 +170,7 @@ def test_resume_mid_round_continues_bit_identically(suite, case):
         assert ({"pending_delta", "pending_update"} <= set(result["keys"])) == ("delayed" in case)
         assert ({"leader_indices", "leader_scale"} <= set(result["keys"])) == (LEADER in case)
         assert ({"owner_feedback", "owner_result", "own_sent"} <= set(result["keys"])) == (OWNER in case)
+        assert ({"prev_grad", "lag_product", "extra_progress"} <= set(result["keys"])) == (SCALED in case)
 
 
 @pytest.mark.parametrize("case", [f"finals{OWNER}", "finals"])

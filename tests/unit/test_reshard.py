@@ -159,3 +159,31 @@ def test_load_resharded_into_one_process_checks_the_parameters(tmp_path):
                                          r"\[\('param_groups\[0\]\[1\]', \[4\], \[5\]\)\]"):
         checkpoint.load_resharded(optimizer((5, 3), (5,)), tmp_path, rank=0, shard_size=1, replicate_size=1,
                                   policy="average")
+
+
+def test_a_mid_round_extra_progress_restarts_with_the_replica():
+    """progress_scale="batch": the gradient statistics are per node; the extra progress restarts from 0 with the
+    replica at the anchor (unless ``keep``), and a streamed exchange in flight keeps its error feedback: held as
+    feedback + (local + extra) at its launch, it becomes feedback + the anchor."""
+    torch.manual_seed(0)
+    anchor = torch.randn(5, 3)
+    nodes = [{"anchor": anchor, "local": torch.randn(5, 3), "extra_progress": torch.randn(5, 3),
+              "prev_grad": torch.randn(5, 3), "lag_product": torch.randn(5, 3), "feedback": torch.randn(5, 3)}
+             for _ in range(2)]
+    for node in nodes:
+        node["pending_delta"] = node.pop("feedback") + node["local"] + node["extra_progress"]
+    old = [_state_dict(r, 2, nodes, 4) for r in range(4)]
+    for policy in ("average", "reset", "keep"):
+        new = [reshard_state_dict(old, old_shard_size=2, rank=r, shard_size=1, replicate_size=2, policy=policy)
+               for r in range(2)]
+        got = {key: [s["state"][0][key] for s in new] for key in nodes[0]}
+        feedback = [node["pending_delta"] - node["local"] - node["extra_progress"] for node in nodes]
+        if policy == "keep":
+            want = {key: [node[key] for node in nodes] for key in nodes[0]}
+        else:
+            combined = {"average": lambda ts: (ts[0] + ts[1]) / 2, "reset": lambda ts: torch.zeros(5, 3)}[policy]
+            want = {"anchor": [anchor] * 2, "local": [anchor] * 2, "extra_progress": [torch.zeros(5, 3)] * 2,
+                    **{key: [combined([node[key] for node in nodes])] * 2 for key in ("prev_grad", "lag_product")},
+                    "pending_delta": [combined(feedback) + anchor] * 2}
+        for key in nodes[0]:
+            assert all(torch.allclose(g, w) for g, w in zip(got[key], want[key])), (policy, key)

@@ -24,11 +24,31 @@ def loss64(model, step: int, rank: int) -> torch.Tensor:
     return ((model(x) - y) ** 2).mean()
 
 
+@torch.no_grad()
+def lengthen(adamw: torch.optim.AdamW, extra: list[torch.Tensor], stats: list[dict], *, nodes: int) -> None:
+    """progress_scale="batch" on a reference replica after its AdamW step, in float64: AdamW's displacement times
+    (f - 1) joins ``extra``, f = sqrt(R v / (v + (R - 1) s)), s the EMA of consecutive gradients' products in [0, v]."""
+    (beta1, beta2), eps, lr = adamw.defaults["betas"], adamw.defaults["eps"], adamw.defaults["lr"]
+    for p, more, kept in zip(adamw.param_groups[0]["params"], extra, stats):
+        state, t = adamw.state[p], int(adamw.state[p]["step"])
+        if t >= 2:
+            kept["lag"] = beta2 * kept["lag"] + (1 - beta2) * p.grad * kept["prev"]
+        kept["prev"] = p.grad.clone()
+        if t < 2:
+            continue
+        v = state["exp_avg_sq"] / (1 - beta2**t)
+        s = torch.minimum((kept["lag"] / (1 - beta2 ** (t - 1))).clamp(min=0), v)
+        f = torch.sqrt(nodes * v / (v + (nodes - 1) * s))
+        more -= lr * (f - 1) * (state["exp_avg"] / (1 - beta1**t)) / (v.sqrt() + eps)
+
+
 def case_averaging(args) -> dict:
     """``replicator="full"`` and outer SGD at lr 1: periodic averaging of two AdamW replicas, in float64.
 
     Each reference replica runs torch's AdamW on its node's mean gradient for H steps; then every replica's
-    parameters become the replicas' mean (the inner AdamW keeps its moments across rounds)."""
+    parameters become the replicas' mean (the inner AdamW keeps its moments across rounds). With
+    ``progress_scale="batch"``, the mean of where the replicas are counted: their parameters plus the extra progress
+    of :func:`lengthen`."""
     steps, rounds = int(args.steps), int(args.local_steps)
     mesh = build_hybrid_mesh(shard_size=2)
     model = mlp()
@@ -37,23 +57,28 @@ def case_averaging(args) -> dict:
     lr, wd = 0.05, 0.1
     opt = FlexDeMo(model.parameters(), lr=lr, weight_decay=wd, replicate_group=mesh["dp_replicate"].get_group(),
                    local_steps=rounds, overlap="none", compression=CompressionPolicy(replicator="full"),
-                   guards=GuardPolicy(drift_check_every=1))
+                   guards=GuardPolicy(drift_check_every=1), outer=OuterPolicy(progress_scale=args.progress_scale))
     inner = [torch.optim.AdamW(r.parameters(), lr=lr, weight_decay=wd) for r in replicas]
+    extra = [[torch.zeros_like(p) for p in r.parameters()] for r in replicas]  # progress_scale="batch"'s
+    stats = [[{"prev": torch.zeros_like(p), "lag": torch.zeros_like(p)} for p in r.parameters()] for r in replicas]
     for step in range(steps):
         mlp_loss(model, step, dist.get_rank()).backward()
         opt.step()
         opt.zero_grad()
-        for replica, adamw, ranks in zip(replicas, inner, NODES):
+        for replica, adamw, ranks, more, kept in zip(replicas, inner, NODES, extra, stats):
             adamw.zero_grad()
             for rank in ranks:
                 (loss64(replica, step, rank) / len(ranks)).backward()
             adamw.step()
+            if args.progress_scale == "batch":
+                lengthen(adamw, more, kept, nodes=len(NODES))
         if (step + 1) % rounds == 0:
             with torch.no_grad():
-                for ps in zip(*(r.parameters() for r in replicas)):
-                    mean = sum(ps) / len(ps)
-                    for p in ps:
+                for ps, mores in zip(zip(*(r.parameters() for r in replicas)), zip(*extra)):
+                    mean = sum(p + more for p, more in zip(ps, mores)) / len(ps)
+                    for p, more in zip(ps, mores):
                         p.copy_(mean)
+                        more.zero_()
     return {"flexdemo": [full(p) for p in model.parameters()],
             "reference": [p.detach().clone() for p in replicas[0].parameters()],
             "initial": [p.detach().clone() for p in mlp().parameters()]}
@@ -75,7 +100,8 @@ def case_habits(args) -> dict:
                    overlap=args.overlap,
                    compression=CompressionPolicy(rate=float(args.rate), chunk=8, value_dtype=args.value_dtype,
                                                  replicator=args.replicator),
-                   guards=GuardPolicy(drift_check_every=0), outer=OuterPolicy(delay=int(args.outer_delay), fragments=1))
+                   guards=GuardPolicy(drift_check_every=0),
+                   outer=OuterPolicy(delay=int(args.outer_delay), fragments=1, progress_scale=args.progress_scale))
     logs, stats, after_exchange = [], [], []
     for step in range(3 * int(args.local_steps)):  # the first round unobserved: it creates the state
         model(**batch(step, dist.get_rank())).loss.backward()
@@ -106,7 +132,7 @@ def case_resume(args) -> dict:
     kwargs = dict(lr=3e-3, local_steps=rounds, value_dtype=args.value_dtype, replicator=args.replicator,
                   outer_lr=0.7, outer_momentum=0.9,
                   compression_rate=float(args.rate), compression_chunk=8, overlap=args.overlap,
-                  outer_delay=int(args.outer_delay),
+                  outer_delay=int(args.outer_delay), progress_scale=args.progress_scale,
                   drift_check_every=1)  # the exact check, wherever replicas agree (streaming: in the landing step)
 
     def train(model, opt, steps):
@@ -209,4 +235,5 @@ def case_nonfinite(args) -> dict:
 
 if __name__ == "__main__":
     main(globals(), {"steps": "6", "local_steps": "3", "topology": "2x2", "value_dtype": "int2", "overlap": "none",
-                     "outer_delay": "1", "bad": "5", "rate": "0.25", "replicator": "demo"})
+                     "outer_delay": "1", "bad": "5", "rate": "0.25", "replicator": "demo",
+                     "progress_scale": "none"})
