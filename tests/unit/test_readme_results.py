@@ -709,6 +709,34 @@ def test_the_strong_scaling_cause_is_the_json():
             f"with the dense rule ({outer2['final_eval_loss']:.3f} against {dense['final_eval_loss']:.3f})") in PROSE
 
 
+def test_progress_scaled_to_the_nodes_batch_at_8_strong_nodes_is_the_json():
+    """"Weak scaling": progress_scale="batch" at 8 strong nodes against AdamW-HSDP, the same rounds unscaled at the same
+    outer step and the rule's outer step."""
+    data = result("sweep_nodes_outer")
+    scaled = data["runs"]["flexdemo lr=0.003 nodes=8 procs_per_node=1 progress_scale=batch scaling=strong"]
+    rule = data["runs"]["flexdemo lr=0.003 nodes=8 outer_lr=2 procs_per_node=1 scaling=strong"]
+    outer1 = result("sweep_nodes")["runs"]["flexdemo lr=0.003 nodes=8 procs_per_node=1 scaling=strong"]
+    base = _strong_adamw(8)
+    invocation = data["invocations"][scaled["invocation"]]
+    assert invocation["machine"]["cpu_model"] == "AMD EPYC" and not invocation["git_dirty"]
+    config = scaled["flexdemo_config"]
+    assert config["progress_scale"] == "batch" and config["outer_lr"] == 1.0 and config["local_steps"] == 8
+    assert _behind_at(scaled, rule) == _evaluations(scaled)
+    assert [step for step in _evaluations(scaled) if step not in _behind_at(scaled, outer1)] == [200, 400]
+    assert (f"grid `nodes_outer`, at commit {invocation['git_commit'][:7]} from a clean tree") in PROSE
+    assert (f"at the outer step of a mean (`outer_lr=1`) and the defaults' bits ({_bits_sent(scaled):.2f} per "
+            f"parameter and step). It ends at {scaled['final_eval_loss']:.3f}, {_gap(scaled, base)} against "
+            f"AdamW-HSDP: {_gap(scaled, outer1)} against the same rounds sent unscaled at that outer step "
+            f"({_gap(outer1, base)}) and {_gap(scaled, rule)} against the rule's outer step of 2 ({_gap(rule, base)}), "
+            f"behind the rule at every evaluation ({_loss_at(scaled, 200):.3f} against {_loss_at(rule, 200):.3f} at "
+            f"step 200) and ahead of the unscaled rounds only at steps 200 and 400 ({_loss_at(scaled, 400):.3f} "
+            f"against {_loss_at(outer1, 400):.3f}), with a training loss over the last 200 steps of "
+            f"{_tail(scaled):.3f} against the rule's {_tail(rule):.3f}.") in PROSE
+    assert (f"| 8 × 1 | `progress_scale=\"batch\"` (each element of a node's progress lengthened to the nodes' batch), "
+            f"`outer_lr=1` | {scaled['final_eval_loss']:.3f} | {_gap(scaled, base)} | {_bits_sent(scaled):.2f} |"
+            ) in PAGE
+
+
 def test_the_weak_scaling_lr_bracket_and_rounds_of_4_are_the_json():
     """"Weak scaling": AdamW-HSDP one lr step past its best at 8 nodes and at 4, the defaults' at 4, and rounds of 4 at
     8 nodes, as the page quotes them against the runs they are read against."""
