@@ -737,6 +737,28 @@ def test_progress_scaled_to_the_nodes_batch_at_8_strong_nodes_is_the_json():
             ) in PAGE
 
 
+def test_progress_scaled_to_the_nodes_batch_at_2_nodes_is_the_json():
+    """"Bits at 2 nodes": progress_scale="batch" against the defaults of the same seed and landing."""
+    data = result("sweep_bits")
+    runs = data["runs"]
+    scaled, defaults, base = (runs[key] for key in ("flexdemo lr=0.003 outer_delay=2 progress_scale=batch",
+                                                    "flexdemo lr=0.003 outer_delay=2", "adamw lr=0.003"))
+    invocation = data["invocations"][scaled["invocation"]]
+    assert invocation["machine"]["cpu_model"] == "AMD EPYC" and not invocation["git_dirty"]
+    assert scaled["flexdemo_config"]["outer_delay"] == defaults["flexdemo_config"]["outer_delay"] == 2
+    assert scaled["flexdemo_config"]["outer_lr"] == 1.0 and scaled["flexdemo_config"]["progress_scale"] == "batch"
+    assert _behind_at(scaled, defaults) == _evaluations(scaled)[1:]
+    assert (f"`progress_scale=\"batch\"` (at commit {invocation['git_commit'][:7]} from a clean tree, the same grid, "
+            f"landing after two steps as the defaults do;") in PROSE
+    assert (f"It ends at {scaled['final_eval_loss']:.3f}, {_gap(scaled, base)} against AdamW-HSDP and "
+            f"{_gap(scaled, defaults)} against the defaults of the same seed ({defaults['final_eval_loss']:.3f}), "
+            f"ahead of them at step 200 ({_loss_at(scaled, 200):.3f} against {_loss_at(defaults, 200):.3f}) and "
+            f"behind from step 400 on, with a training loss over the last 200 steps of {_tail(scaled):.3f} against "
+            f"{_tail(defaults):.3f}: one seed") in PROSE
+    uniform = result("sweep_bits_outer")["runs"]["flexdemo lr=0.003 outer_lr=1.41"]
+    assert f"(`outer_lr=1.41`, {_gap(uniform, base)})" in PROSE
+
+
 def test_the_weak_scaling_lr_bracket_and_rounds_of_4_are_the_json():
     """"Weak scaling": AdamW-HSDP one lr step past its best at 8 nodes and at 4, the defaults' at 4, and rounds of 4 at
     8 nodes, as the page quotes them against the runs they are read against."""
