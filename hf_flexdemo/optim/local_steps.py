@@ -61,14 +61,14 @@ the optimizer's ``steps`` modulo H; where replicas differ (mid-round, or streami
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
-from . import own_share, progress_scale
+from . import local_shards, own_share, progress_scale
 from .mode import Mode
 from .one_replica import adamw_state, adamw_step
 from .plan import Bucket, Stack, local_shard, stack_rows
@@ -78,7 +78,6 @@ if TYPE_CHECKING:
     from .optimizer import FlexDeMo
 
 FLOAT32_KEYS = ("anchor", "outer_avg", own_share.KEY, *progress_scale.KEYS)  # besides delta (the optimizer's)
-LOCAL_KEY = "local"  # mid-round state_dict only: this rank's parameter shard
 
 
 def partition(sizes: Sequence[int], fragments: int) -> list[int]:
@@ -123,7 +122,7 @@ class LocalSteps(Mode):
         self.streaming = optimizer.options["overlap"] == "delayed"
         self.delay = optimizer.options["outer_delay"]
         self.fragments = optimizer.options["outer_fragments"]
-        self.scaled = optimizer.options["progress_scale"] == "batch"
+        self.scale = progress_scale.for_option(optimizer.options["progress_scale"], optimizer.replicate.size)
         self.slot = self.every // self.fragments  # steps between two fragments' round ends
         self.members: list[list[Tensor]] = [[] for _ in range(self.fragments)]  # each fragment's parameters
         self.synced = False  # finish() or adopt() left every replica at the anchor, until the next step
@@ -167,8 +166,7 @@ class LocalSteps(Mode):
         feedback, with outer momentum its buffer, and on a lagging wire the own share (a single replica's state
         lacks all but the moments)."""
         adamw_state(state, p)
-        if self.scaled:
-            progress_scale.new_state(state, local_shard(p))
+        self.scale.new_state(state, local_shard(p))
         if "anchor" not in state:
             shard = local_shard(p).detach()
             state["anchor"] = shard.to(torch.float32, copy=True)
@@ -210,17 +208,11 @@ class LocalSteps(Mode):
             for stack in stacks:  # what was held back decays now; the progress until the exchange lands joins it
                 held = stack.momentum.zero_() if engine.replicator.spends_momentum else stack.momentum
                 held.mul_(stack.group["feedback_decay"])
-                torch._foreach_add_(list(held.unbind(0)), self._position(stack))  # minus where it is then (_land)
+                torch._foreach_add_(list(held.unbind(0)), self.scale.positions(stack))  # minus where it is then (_land)
 
     def _inner(self, stacks: list[Stack]) -> None:
         adamw_step(stacks)
-        if self.scaled:
-            progress_scale.accumulate(stacks, self.optimizer.replicate.size)
-
-    def _position(self, stack: Stack) -> list[Tensor]:
-        """Where the exchange counts each replica of ``stack``: its local shard (``progress_scale="batch"``: plus
-        the extra progress)."""
-        return progress_scale.positions(stack) if self.scaled else stack.shards()
+        self.scale.after_inner(stacks)
 
     def _launch(self, stacks: list[Stack]) -> None:
         def momentum(stack: Stack) -> Tensor:
@@ -247,7 +239,7 @@ class LocalSteps(Mode):
                 stack.discard()
                 continue
             stack.commit(spent=False)
-            torch._foreach_sub_(list(stack.delta.unbind(0)), self._position(stack))  # minus where it is now
+            torch._foreach_sub_(list(stack.delta.unbind(0)), self.scale.positions(stack))  # minus where it is now
             self._outer(stack, stack_rows(stack.states, "pending_update"))
         engine.drop_held_state(stacks)
         if pending["skip"]:
@@ -292,8 +284,7 @@ class LocalSteps(Mode):
                 if "outer_avg" in state:
                     state["outer_avg"].zero_()
             own_share.forget([stack])
-            if self.scaled:
-                progress_scale.restart([stack])
+            self.scale.restart([stack])
         self.synced = True
 
     def agreed(self, steps: int) -> bool:
@@ -310,15 +301,14 @@ class LocalSteps(Mode):
         """Every replica continues from the anchor (with no extra progress); ``clean``: the non-finite entries of the
         inner moments, of the gradient statistics ``progress_scale`` keeps and of the error feedback (streaming: the
         progress a landing adds to it) become 0."""
-        cleaned = ("exp_avg", "exp_avg_sq", "delta", *(progress_scale.PER_NODE if self.scaled else ()))
+        cleaned = ("exp_avg", "exp_avg_sq", "delta", *self.scale.per_node)
         for stack in stacks:
             torch._foreach_copy_(stack.shards(), list(stack_rows(stack.states, "anchor").unbind(0)))
             if clean:
                 for state in stack.states:
                     for key in cleaned:
                         torch.nan_to_num_(state[key], nan=0.0, posinf=0.0, neginf=0.0)
-        if self.scaled:
-            progress_scale.restart(stacks)
+        self.scale.restart(stacks)
 
     def pseudo_gradient(self, stack: Stack) -> Tensor:
         """The candidate error feedback ``decay * delta + (restart point - local)``, built in the stack's spare
@@ -326,7 +316,7 @@ class LocalSteps(Mode):
         point is the anchor, on a lagging wire moved by the replica's own share."""
         decay = 1.0 if self.streaming else stack.group["feedback_decay"]
         out = torch.mul(stack.delta, decay, out=stack.take_spare())
-        torch._foreach_sub_(list(out.unbind(0)), self._position(stack))
+        torch._foreach_sub_(list(out.unbind(0)), self.scale.positions(stack))
         return own_share.restart_point(stack, out.add_(stack_rows(stack.states, "anchor")), self.lr)
 
     def _outer(self, stack: Stack, q: Tensor) -> None:
@@ -335,41 +325,17 @@ class LocalSteps(Mode):
         outer_avg = stack_rows(states, "outer_avg") if self.momentum else None
         outer_step(stack_rows(states, "anchor"), q, outer_avg, lr=self.lr, momentum=self.momentum)
 
-    @contextmanager
-    def anchored(self) -> Iterator[None]:
+    def anchored(self) -> AbstractContextManager[None]:
         """While replicas differ, the parameters hold the anchor inside the block and this node's local values
-        again after it (restored bit for bit); where they agree they already are the anchor."""
-        opt = self.optimizer
-        params = [p for group in opt.param_groups for p in group["params"] if "anchor" in opt.state.get(p, {})]
-        if self.agreed(opt.steps) or not params:
-            yield
-            return
-        shards = [local_shard(p) for p in params]
-        held = [shard.detach().clone() for shard in shards]
-        with torch.no_grad():
-            torch._foreach_copy_(shards, [opt.state[p]["anchor"] for p in params])
-        try:
-            yield
-        finally:
-            with torch.no_grad():
-                torch._foreach_copy_(shards, held)
+        again after it (:func:`~hf_flexdemo.optim.local_shards.anchored`); where they agree they already are the
+        anchor."""
+        return nullcontext() if self.agreed(self.optimizer.steps) else local_shards.anchored(self.optimizer)
 
     def save(self, state: dict[str, Any]) -> None:
-        """While replicas differ, add each parameter's local shard to ``state`` (a ``state_dict``; ``self.state`` is
-        untouched)."""
-        opt = self.optimizer
-        if self.agreed(opt.steps):
-            return
-        params = [p for group in opt.param_groups for p in group["params"]]
-        for index, saved in state["state"].items():
-            state["state"][index] = {**saved, LOCAL_KEY: local_shard(params[index]).detach().clone()}
+        """While replicas differ, add each parameter's local shard to ``state`` (a ``state_dict``)."""
+        if not self.agreed(self.optimizer.steps):
+            local_shards.save(self.optimizer, state)
 
     def load(self, state_dict: dict[str, Any]) -> None:
         """Restore the local shards a mid-round ``state_dict`` holds into the parameters."""
-        opt = self.optimizer
-        params = [p for group in opt.param_groups for p in group["params"]]
-        for index, saved in state_dict["state"].items():
-            opt.state[params[index]].pop(LOCAL_KEY, None)
-            if LOCAL_KEY in saved:
-                with torch.no_grad():
-                    local_shard(params[index]).copy_(saved[LOCAL_KEY])
+        local_shards.load(self.optimizer, state_dict)

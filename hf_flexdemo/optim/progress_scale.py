@@ -16,11 +16,14 @@ The node's own path stays its AdamW's. The difference, ``(f - 1)`` times each st
 ``extra_progress`` until the replica restarts from the anchor, and the exchange counts the replica as being at
 ``local + extra_progress`` (:func:`positions`). Everything is elementwise on the parameter's device; the step count
 lives on the host, as torch's AdamW keeps it.
+
+:func:`for_option` gives the local-steps mode one object for either value: :class:`Unscaled` (``"none"``, every hook a
+no-op, a replica's position its shard) or :class:`BatchScaled` (``"batch"``, the functions below).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -80,3 +83,49 @@ def restart(stacks: list[Stack]) -> None:
     for stack in stacks:
         for state in stack.states:
             state[EXTRA].zero_()
+
+
+class Unscaled:
+    """``progress_scale="none"``: a node sends its own progress; no state, the exchange counts a replica at its
+    shard."""
+
+    per_node: tuple[str, ...] = ()  # state a node keeps of its own gradients (cleaned where non-finite)
+
+    def new_state(self, state: dict[str, Any], shard: Tensor) -> dict[str, Any]:
+        return state
+
+    def after_inner(self, stacks: list[Stack]) -> None:
+        """After each inner AdamW step."""
+
+    def positions(self, stack: Stack) -> list[Tensor]:
+        """Where the exchange counts each replica of ``stack``."""
+        return stack.shards()
+
+    def restart(self, stacks: list[Stack]) -> None:
+        """The replicas restart from the anchor."""
+
+
+class BatchScaled(Unscaled):
+    """``progress_scale="batch"`` among ``nodes`` nodes (the module docstring)."""
+
+    per_node = PER_NODE
+
+    def __init__(self, nodes: int) -> None:
+        self.nodes = nodes
+
+    def new_state(self, state: dict[str, Any], shard: Tensor) -> dict[str, Any]:
+        return new_state(state, shard)
+
+    def after_inner(self, stacks: list[Stack]) -> None:
+        accumulate(stacks, self.nodes)
+
+    def positions(self, stack: Stack) -> list[Tensor]:
+        return positions(stack)
+
+    def restart(self, stacks: list[Stack]) -> None:
+        restart(stacks)
+
+
+def for_option(value: Literal["none", "batch"], nodes: int) -> Unscaled:
+    """The object for ``progress_scale=value`` among ``nodes`` nodes."""
+    return BatchScaled(nodes) if value == "batch" else Unscaled()

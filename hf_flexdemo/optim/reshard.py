@@ -37,7 +37,7 @@ from ..wire.replicators.leader import STATE_KEYS as LEADER_KEYS
 from ..wire.replicators.owner import STATE_KEYS as OWNER_KEYS
 from . import progress_scale
 from .exchange import MOMENT_KEYS
-from .local_steps import LOCAL_KEY
+from .local_shards import LOCAL_KEY
 
 # What a new node's per-node optimizer state starts from when a checkpoint resumes on another topology
 # (hf_flexdemo.optim.reshard).

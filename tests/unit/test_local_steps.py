@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from hf_flexdemo import FlexDeMo, FlexDeMoConfig, knobs
-from hf_flexdemo.optim import local_steps
+from hf_flexdemo.optim import local_shards, local_steps
 from hf_flexdemo.policies import CompressionPolicy, OuterPolicy, from_knobs
 from hf_flexdemo.trainer.model_card import training_mode
 from hf_flexdemo.wire import compression, quantize
@@ -534,7 +534,7 @@ def test_one_node_keeps_only_adamw_state_from_a_checkpoint_of_several():
     saved = opt.state_dict()
     for state in saved["state"].values():
         state |= {"anchor": torch.zeros_like(state["exp_avg"]), "delta": torch.ones_like(state["exp_avg"]),
-                  local_steps.LOCAL_KEY: torch.ones_like(state["exp_avg"]),
+                  local_shards.LOCAL_KEY: torch.ones_like(state["exp_avg"]),
                   "pending_delta": torch.ones_like(state["exp_avg"])}
     saved["flexdemo"]["pending"] = {"skip": False, "own_nonfinite": False, "lrs": [1.0], "step": 0}
     resumed = FlexDeMo(model.parameters())

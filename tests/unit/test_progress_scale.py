@@ -66,3 +66,13 @@ def test_on_one_node_nothing_is_added():
             progress_scale.accumulate([stack], 1)
     assert not stack.states[0][progress_scale.EXTRA].any()
     assert stack.states[0][progress_scale.LAG].any()
+
+
+def test_for_option_gives_a_no_op_for_none_and_the_functions_for_batch():
+    p = torch.nn.Parameter(torch.randn(4, 4))
+    stack = _stack(p)
+    unscaled = progress_scale.for_option("none", 4)
+    assert unscaled.new_state({}, p) == {} and unscaled.per_node == ()
+    assert unscaled.positions(stack)[0] is stack.shards()[0]
+    scaled = progress_scale.for_option("batch", 4)
+    assert set(scaled.new_state({}, p)) == set(progress_scale.KEYS) and scaled.per_node == progress_scale.PER_NODE
