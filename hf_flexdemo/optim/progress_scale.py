@@ -44,33 +44,51 @@ def new_state(state: dict[str, Any], shard: Tensor) -> dict[str, Any]:
     return state
 
 
-def length_factor(v: Tensor, s: Tensor, nodes: int) -> Tensor:
-    """``sqrt(R v / (v + (R - 1) s))`` with ``s`` clipped to ``[0, v]``: how much longer AdamW's step on the mean
-    gradient of ``nodes`` nodes is than one node's, per element (1 where ``v`` is 0)."""
-    s = torch.minimum(s.clamp(min=0), v)
-    f = (v * nodes).div_(v + (nodes - 1) * s).sqrt_()
-    return f.nan_to_num_(nan=1.0)
+def length_factors(v: list[Tensor], s: list[Tensor], nodes: int) -> list[Tensor]:
+    """``sqrt(R v / (v + (R - 1) s))`` with ``s`` clipped to ``[0, v]``, per tensor of ``v`` and ``s``: how much longer
+    AdamW's step on the mean gradient of ``nodes`` nodes is than one node's, per element (1 where ``v`` is 0)."""
+    denominator = torch._foreach_clamp_min(s, 0.0)
+    torch._foreach_minimum_(denominator, v)
+    torch._foreach_mul_(denominator, nodes - 1)
+    torch._foreach_add_(denominator, v)
+    torch._foreach_clamp_min_(denominator, torch.finfo(torch.float32).tiny)  # v = 0: f below, clamped to 1
+    f = torch._foreach_mul(v, nodes)
+    torch._foreach_div_(f, denominator)
+    torch._foreach_sqrt_(f)
+    torch._foreach_clamp_min_(f, 1.0)  # s <= v makes f >= 1: only rounding and v = 0 reach the clamp
+    return f
 
 
 def accumulate(stacks: list[Stack], nodes: int) -> None:
     """After the inner AdamW step: update the products' EMA with this step's gradient and add ``(f - 1)`` times the
-    step's displacement to ``extra_progress``, for every shard with a gradient."""
+    step's displacement to ``extra_progress``, for every shard with a gradient (foreach, one pass per stack and step
+    count)."""
     for stack in stacks:
-        beta1, beta2 = stack.group["betas"]
-        lr, eps = stack.group["lr"], stack.group["eps"]
+        by_step: dict[int, list[tuple[Tensor, dict[str, Any]]]] = {}
         for p, state in zip(stack.params, stack.states):
-            if p.grad is None:
-                continue
-            grad, t = local_shard(p.grad).float(), int(state["step"].item())  # the step count is on the host
-            if t >= 2:
-                state[LAG].mul_(beta2).addcmul_(grad, state[PREV], value=1 - beta2)
-            state[PREV].copy_(grad)
-            if t < 2:
-                continue
-            v = state["exp_avg_sq"].float().div(1 - beta2**t)
-            f = length_factor(v, state[LAG].div(1 - beta2 ** (t - 1)), nodes)
-            displacement = state["exp_avg"].float().div(1 - beta1**t).div_(v.sqrt_().add_(eps))
-            state[EXTRA].addcmul_(displacement, f.sub_(1), value=-lr)
+            if p.grad is not None:  # the step count is on the host, as torch's AdamW keeps it
+                by_step.setdefault(int(state["step"].item()), []).append((local_shard(p.grad).float(), state))
+        for t, items in by_step.items():
+            _accumulate([grad for grad, _ in items], [state for _, state in items], stack.group, t, nodes)
+
+
+def _accumulate(grads: list[Tensor], states: list[dict[str, Any]], group: dict[str, Any], t: int, nodes: int) -> None:
+    beta1, beta2 = group["betas"]
+    prev, lag, extra = ([state[key] for state in states] for key in (PREV, LAG, EXTRA))
+    if t >= 2:
+        torch._foreach_mul_(lag, beta2)
+        torch._foreach_addcmul_(lag, grads, prev, value=1 - beta2)
+    torch._foreach_copy_(prev, grads)
+    if t < 2:
+        return
+    v = torch._foreach_div([state["exp_avg_sq"].float() for state in states], 1 - beta2**t)
+    f = length_factors(v, torch._foreach_div(lag, 1 - beta2 ** (t - 1)), nodes)
+    torch._foreach_sqrt_(v)
+    torch._foreach_add_(v, group["eps"])
+    displacement = torch._foreach_div([state["exp_avg"].float() for state in states], 1 - beta1**t)
+    torch._foreach_div_(displacement, v)
+    torch._foreach_sub_(f, 1.0)
+    torch._foreach_addcmul_(extra, displacement, f, value=-group["lr"])
 
 
 def positions(stack: Stack) -> list[Tensor]:

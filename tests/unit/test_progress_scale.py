@@ -19,7 +19,7 @@ from hf_flexdemo.wire.dct import BlockLayout
 def test_the_length_factor_runs_from_1_for_pure_signal_to_sqrt_r_for_pure_noise(nodes):
     v = torch.tensor([4.0, 4.0, 4.0, 4.0, 4.0, 0.0])
     s = torch.tensor([4.0, 9.0, 0.0, -1.0, 1.0, 0.0])  # s = v, above v, 0, below 0, between; v = 0
-    f = progress_scale.length_factor(v, s, nodes)
+    (f,) = progress_scale.length_factors([v], [s], nodes)
     between = math.sqrt(nodes * 4.0 / (4.0 + (nodes - 1) * 1.0))
     torch.testing.assert_close(f, torch.tensor([1.0, 1.0, nodes**0.5, nodes**0.5, between, 1.0]))
 
