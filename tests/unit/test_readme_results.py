@@ -737,6 +737,35 @@ def test_progress_scaled_to_the_nodes_batch_at_8_strong_nodes_is_the_json():
             ) in PAGE
 
 
+def test_progress_scaled_to_the_nodes_batch_at_8_weak_nodes_is_the_json():
+    """"Weak scaling": progress_scale="batch" at 8 weak nodes against the defaults, AdamW-HSDP at both lrs and the
+    same rounds unscaled at the same outer step."""
+    data = result("sweep_nodes_weak")
+    runs = data["runs"]
+    scaled = runs["flexdemo lr=0.003 nodes=8 outer_lr=1 procs_per_node=1 progress_scale=batch scaling=weak"]
+    outer1 = runs["flexdemo lr=0.003 nodes=8 outer_lr=1 procs_per_node=1 scaling=weak"]
+    defaults, base, best = _weak_defaults(runs), *(runs[f"adamw lr={lr} nodes=8 procs_per_node=1 scaling=weak"]
+                                                   for lr in ("0.003", "0.006"))
+    invocation = data["invocations"][scaled["invocation"]]
+    assert invocation["machine"]["cpu_model"] == "AMD EPYC" and not invocation["git_dirty"]
+    config = scaled["flexdemo_config"]
+    assert config["progress_scale"] == "batch" and config["outer_lr"] == 1.0 and config["local_steps"] == 8
+    assert best is _best_adamw(runs, 8) and _behind_at(scaled, defaults) == [200, 400]
+    assert (f"takes back more than half the 8-node gap: {_gap(scaled, best)} against AdamW-HSDP at its best lr, where "
+            f"the defaults are {_gap(defaults, best)} (one seed).** `progress_scale=\"batch\"` at `outer_lr=1` (grid "
+            f"`nodes_weak`, at commit {invocation['git_commit'][:7]} from a clean tree, AMD EPYC; "
+            f"{_bits_sent(scaled):.2f} bits per parameter and step, the defaults') ends at "
+            f"{scaled['final_eval_loss']:.3f}, {_gap(scaled, defaults)} against the defaults "
+            f"({defaults['final_eval_loss']:.3f}): behind them at steps 200 and 400 ({_loss_at(scaled, 200):.3f} "
+            f"against {_loss_at(defaults, 200):.3f} at step 200) and ahead from step 600 on "
+            f"({_loss_at(scaled, 600):.3f} against {_loss_at(defaults, 600):.3f}), with a training loss over the "
+            f"last 200 steps of {_tail(scaled):.3f} against {_tail(defaults):.3f}. It is {_gap(scaled, base)} "
+            f"against AdamW-HSDP at 3e-3 (the defaults: {_gap(defaults, base)}) and {_gap(scaled, best)} against its "
+            f"best lr, 6e-3 (best losses {_gap(scaled, best, 'best_eval_loss')}), and {_gap(scaled, outer1)} "
+            f"against the same rounds sent unscaled at that outer step ({_gap(outer1, base)}).") in PROSE
+    assert _bits_sent(scaled) == pytest.approx(_bits_sent(defaults), rel=0.01)
+
+
 def test_progress_scaled_to_the_nodes_batch_at_2_nodes_is_the_json():
     """"Bits at 2 nodes": progress_scale="batch" against the defaults of the same seed and landing."""
     data = result("sweep_bits")
