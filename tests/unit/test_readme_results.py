@@ -778,6 +778,9 @@ def test_progress_scaled_to_the_nodes_batch_at_8_weak_nodes_is_the_json():
     assert _bits_sent(scaled) == pytest.approx(_bits_sent(defaults), rel=0.01)
     both = f"({sum(gaps) / 2:+.2f} % against {_two_seeds_best_lr_gap(runs):+.2f} %"
     assert f"halves the gap at 8 such nodes {both}, two seeds)" in README
+    assert (f"the same at 8 weak nodes with `progress_scale=\"batch\"` and `outer_lr=1` (off by default), each method "
+            f"at its best lr, mean of two seeds ([\"Weak scaling\"](#weak-scaling-each-node-keeps-its-batch)) | "
+            f"{sum(gaps) / 2:+.2f} % |") in PAGE
     strong = result("sweep_nodes_outer")["runs"]
     strong_scaled, rule = (strong[f"flexdemo lr=0.003 nodes=8 {knobs}scaling=strong"] for knobs in (
         "procs_per_node=1 progress_scale=batch ", "outer_lr=2 procs_per_node=1 "))
