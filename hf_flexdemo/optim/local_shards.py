@@ -27,6 +27,9 @@ def anchored(optimizer: torch.optim.Optimizer) -> Iterator[None]:
     """Inside the block the parameters with an anchor hold it; after it, this rank's local values again (restored bit
     for bit)."""
     params = [p for p in _params(optimizer) if "anchor" in optimizer.state.get(p, {})]
+    if not params:  # nothing anchored yet (torch's foreach ops refuse empty lists)
+        yield
+        return
     shards = [local_shard(p) for p in params]
     held = [shard.detach().clone() for shard in shards]
     with torch.no_grad():

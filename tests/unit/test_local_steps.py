@@ -543,3 +543,11 @@ def test_one_node_keeps_only_adamw_state_from_a_checkpoint_of_several():
     again = resumed.state_dict()
     assert all(set(state) == {"step", "exp_avg", "exp_avg_sq"} for state in again["state"].values())
     assert resumed.exchange.held is None and again["flexdemo"]["pending"] is None
+
+
+def test_the_consensus_view_of_an_optimizer_with_nothing_anchored_is_the_parameters():
+    p = torch.nn.Parameter(torch.ones(3))
+    optimizer = torch.optim.SGD([p], lr=0.1)
+    with local_shards.anchored(optimizer):
+        assert torch.equal(p.detach(), torch.ones(3))
+    assert torch.equal(p.detach(), torch.ones(3))
