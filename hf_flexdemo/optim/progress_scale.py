@@ -93,7 +93,7 @@ def _accumulate(grads: list[Tensor], states: list[dict[str, Any]], group: dict[s
 
 def positions(stack: Stack) -> list[Tensor]:
     """Where the exchange counts each replica: its local shard plus the extra progress."""
-    return [shard + state[EXTRA] for shard, state in zip(stack.shards(), stack.states)]
+    return torch._foreach_add(stack.shards(), [state[EXTRA] for state in stack.states])
 
 
 def restart(stacks: list[Stack]) -> None:
