@@ -793,6 +793,25 @@ def test_progress_scaled_to_the_nodes_batch_at_8_weak_nodes_is_the_json():
             f"{100 * (at2['final_eval_loss'] / defaults2['final_eval_loss'] - 1):.2f} points at 2 nodes") in docs
 
 
+def test_progress_scaled_at_8_weak_nodes_takes_the_lr_of_one_node():
+    """"Weak scaling": progress_scale="batch" at 6e-3, AdamW-HSDP's best lr, against AdamW-HSDP there, itself at 3e-3
+    and the defaults at 6e-3."""
+    runs = result("sweep_nodes_weak")["runs"]
+    key = "nodes=8 outer_lr=1 procs_per_node=1 progress_scale=batch scaling=weak"
+    fast, scaled = runs[f"flexdemo lr=0.006 {key}"], runs[f"flexdemo lr=0.003 {key}"]
+    best, defaults = (runs[f"{method} lr=0.006 nodes=8 procs_per_node=1 scaling=weak"]
+                      for method in ("adamw", "flexdemo"))
+    assert fast["flexdemo_config"]["progress_scale"] == "batch" and fast["flexdemo_config"]["outer_lr"] == 1.0
+    assert _behind_at(scaled, fast) == [200] and best is _best_adamw(runs, 8)
+    assert (f"By the same lr sweep as each method's, at 6e-3 (seed 42, at commit "
+            f"{_commit_of('sweep_nodes_weak', fast)}) it ends at {fast['final_eval_loss']:.3f}, {_gap(fast, best)} "
+            f"against AdamW-HSDP at 6e-3 and {_gap(fast, scaled)} against itself at 3e-3, ahead of it only at step 200 "
+            f"({_loss_at(fast, 200):.3f} against {_loss_at(scaled, 200):.3f}), with a training loss over the last 200 "
+            f"steps of {_tail(fast):.3f} against {_tail(scaled):.3f}: the nodes' own AdamW does not take on 32 "
+            f"sequences the lr AdamW-HSDP takes on 256, as the defaults' did not ({_gap(defaults, best)} at 6e-3), "
+            f"so 3e-3 stays its lr.") in PROSE
+
+
 def test_progress_scaled_to_the_nodes_batch_at_2_nodes_is_the_json():
     """"Bits at 2 nodes": progress_scale="batch" against the defaults of the same seed and landing."""
     data = result("sweep_bits")
