@@ -1450,3 +1450,31 @@ def test_the_two_model_sizes_table_is_the_json():
             front.append(f"{runs[key]['bytes_sent']['bits_per_param_sent']:.3g} bits at {sum(gaps) / 2:+.2f} % "
                          f"({gaps[0]:+.2f} / {gaps[1]:+.2f})")
         assert f"{size} ({parameters / 1e6:.2f} M parameters): {front[0]}, {front[1]}" in PROSE
+
+
+def test_the_length_factor_study_is_the_json():
+    """"Weak scaling": the signal's share and the factor at 8 nodes, as progress_scale estimates them and as measured
+    at the weights, on 8 and on 32 sequences a step; the uniform step the paragraph names is the strong grid's."""
+    data = result("length_factor")
+    assert not data["git_dirty"] and data["machine"]["cpu_model"] == "AMD EPYC" and data["nodes"] == 8
+    at = {(row["batch_size"], row["step"]): row for row in data["rows"]}
+
+    def three(batch: int, field: str, spec: str) -> str:
+        return ", ".join(format(at[batch, step][field], spec) for step in (200, 450, 800))
+
+    for batch in (8, 32):  # the estimate's factor is shorter than the weights' at every checkpoint
+        assert all(at[batch, step]["f_ema"] < at[batch, step]["f_probe"] for step in (200, 450, 800))
+    uniform = result("sweep_nodes_outer")["runs"]["flexdemo lr=0.003 nodes=8 outer_lr=2.83 procs_per_node=1 "
+                                                  "scaling=strong"]
+    assert (f"near √8, the uniform step that costs {_gap(uniform, _strong_adamw(8))} under strong scaling.** "
+            f"`python -m benchmarks.studies.length_factor` (`benchmarks/results/length_factor.json`, at commit "
+            f"{data['git_commit'][:7]} from a clean tree, AMD EPYC)") in PROSE
+    assert (f"from {data['probes']} independent batches. On 8 sequences the estimate reads "
+            f"{three(8, 'ema_share', '.3f')} where the weights' share is {three(8, 'probe_share', '.4f')}; on 32 it "
+            f"reads {three(32, 'ema_share', '.3f')} where the weights' is {three(32, 'probe_share', '.3f')}.") in PROSE
+    assert (f"{three(8, 'f_ema', '.2f')} against {three(8, 'f_probe', '.2f')} on 8 sequences, "
+            f"{three(32, 'f_ema', '.2f')} against {three(32, 'f_probe', '.2f')} on 32 (per tensor, from the sums; the "
+            f"mean of the per-element factor the optimizer applies is {three(8, 'f_element', '.2f')} and "
+            f"{three(32, 'f_element', '.2f')}).") in PROSE
+    assert (f"is {at[8, 200]['f_probe']:.2f} already at step 200 (√8 = {8 ** 0.5:.2f}), where on 32 it reaches "
+            f"{at[32, 800]['f_probe']:.2f} only by step 800.") in PROSE
