@@ -795,7 +795,7 @@ def test_progress_scaled_to_the_nodes_batch_at_8_weak_nodes_is_the_json():
 
 def test_progress_scaled_at_8_weak_nodes_takes_the_lr_of_one_node():
     """"Weak scaling": progress_scale="batch" at 6e-3, AdamW-HSDP's best lr, against AdamW-HSDP there, itself at 3e-3
-    and the defaults at 6e-3."""
+    and the defaults at 6e-3; and at 3e-3 under the outer step sqrt(2)."""
     runs = result("sweep_nodes_weak")["runs"]
     key = "nodes=8 outer_lr=1 procs_per_node=1 progress_scale=batch scaling=weak"
     fast, scaled = runs[f"flexdemo lr=0.006 {key}"], runs[f"flexdemo lr=0.003 {key}"]
@@ -810,6 +810,13 @@ def test_progress_scaled_at_8_weak_nodes_takes_the_lr_of_one_node():
             f"steps of {_tail(fast):.3f} against {_tail(scaled):.3f}: the nodes' own AdamW does not take on 32 "
             f"sequences the lr AdamW-HSDP takes on 256, as the defaults' did not ({_gap(defaults, best)} at 6e-3), "
             f"so 3e-3 stays its lr.") in PROSE
+    longer = runs["flexdemo lr=0.003 nodes=8 outer_lr=1.41 procs_per_node=1 progress_scale=batch scaling=weak"]
+    assert longer["flexdemo_config"]["outer_lr"] == 1.41 and _behind_at(longer, scaled) == list(range(200, 2001, 200))
+    assert (f"Nor does the consensus take the longer step: at `outer_lr=1.41` (at commit "
+            f"{_commit_of('sweep_nodes_weak', longer)}) it ends at {longer['final_eval_loss']:.3f}, "
+            f"{_gap(longer, best)} against AdamW-HSDP at 6e-3 and {_gap(longer, scaled)} against `outer_lr=1`, behind "
+            f"it at every evaluation, with a training loss over the last 200 steps of {_tail(longer):.3f} against "
+            f"{_tail(scaled):.3f}.") in PROSE
 
 
 def test_progress_scaled_to_the_nodes_batch_at_2_nodes_is_the_json():
