@@ -1461,7 +1461,8 @@ def test_the_two_model_sizes_table_is_the_json():
 
 def test_the_length_factor_study_is_the_json():
     """"Weak scaling": the signal's share and the factor at 8 nodes, as progress_scale estimates them and as measured
-    at the weights, on 8 and on 32 sequences a step; the uniform step the paragraph names is the strong grid's."""
+    at the weights, on 8 and on 32 sequences a step; the uniform step the paragraph names is the strong grid's, and so
+    are the rounds of 4 that test its reading."""
     data = result("length_factor")
     assert not data["git_dirty"] and data["machine"]["cpu_model"] == "AMD EPYC" and data["nodes"] == 8
     at = {(row["batch_size"], row["step"]): row for row in data["rows"]}
@@ -1485,3 +1486,15 @@ def test_the_length_factor_study_is_the_json():
             f"{three(32, 'f_element', '.2f')}).") in PROSE
     assert (f"is {at[8, 200]['f_probe']:.2f} already at step 200 (√8 = {8 ** 0.5:.2f}), where on 32 it reaches "
             f"{at[32, 800]['f_probe']:.2f} only by step 800.") in PROSE
+    strong = result("sweep_nodes_outer")["runs"]
+    four, eight, plain4 = (strong[f"flexdemo lr=0.003 {knobs}scaling=strong"] for knobs in (
+        "local_steps=4 nodes=8 procs_per_node=1 progress_scale=batch ",
+        "nodes=8 procs_per_node=1 progress_scale=batch ", "local_steps=4 nodes=8 procs_per_node=1 "))
+    plain8 = result("sweep_nodes")["runs"]["flexdemo lr=0.003 nodes=8 procs_per_node=1 scaling=strong"]
+    adamw = _strong_adamw(8)
+    assert four["flexdemo_config"]["local_steps"] == 4 and four["flexdemo_config"]["outer_lr"] == 1.0
+    assert (f"`progress_scale=\"batch\"` with `local_steps=4` at 8 strong nodes (grid `nodes_outer`, at commit "
+            f"{_commit_of('sweep_nodes_outer', four)}, {_bits_sent(four):.3g} bits) ends at "
+            f"{four['final_eval_loss']:.3f}, {_gap(four, adamw)} against AdamW-HSDP: {_gap(four, eight)} against "
+            f"itself in rounds of 8, but {_gap(four, plain4)} against the same rounds of 4 sent unscaled "
+            f"({_gap(plain4, adamw)}), where in rounds of 8 it was {_gap(eight, plain8)}. One seed.") in PROSE
