@@ -337,8 +337,8 @@ GRIDS: dict[str, dict[str, Any]] = {
             # each element of what a node sends lengthened to the nodes' batch (progress_scale="batch", grid
             # "nodes_weak"), at the outer step of a mean
             _run("flexdemo", 3e-3, nodes=8, procs_per_node=1, scaling="strong", progress_scale="batch"),
-            # ... a node's path answers its own noise but not the noise lengthened into what it sends, which builds
-            # up over a round (benchmarks/studies/length_factor.py): in rounds of 4 half as much of it builds up
+            # ... if what parts the scalings is the noise lengthened into what a node sends, which its own path does
+            # not answer and which builds up over a round (benchmarks/studies/length_factor.py), rounds of 4 halve it
             _run("flexdemo", 3e-3, nodes=8, procs_per_node=1, scaling="strong", progress_scale="batch", local_steps=4),
         ],
     },
