@@ -23,7 +23,6 @@ A study (``benchmarks/studies/README.md``): its figures are in docs/results.md (
 from __future__ import annotations
 
 import argparse
-import math
 from collections import deque
 from pathlib import Path
 
@@ -60,10 +59,6 @@ def gradients(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> list[to
     return [p.grad.detach().clone() for p in model.parameters()]
 
 
-def length_factor(v: float, s: float, nodes: int) -> float:
-    return math.sqrt(nodes * v / (v + (nodes - 1) * min(max(s, 0.0), v)))
-
-
 def measure(batch_size: int, args: argparse.Namespace, data: tuple[object, object, object]) -> list[dict]:
     tokenizer, train, collate = data
     set_seed(args.seed)
@@ -98,22 +93,22 @@ def measure(batch_size: int, args: argparse.Namespace, data: tuple[object, objec
         if t not in args.at:
             continue
         probes = [gradients(model, batch()) for _ in range(args.probes)]
-        ema_s = ema_v = probe_s = probe_v = f_ema = f_probe = f_element = 0.0
+        sums, f_element = [], 0.0  # per tensor: the estimate's s and v, the weights' signal and mean square
         for i, p in enumerate(params):
             v = optimizer.state[p]["exp_avg_sq"] / (1 - BETA2**t)
             s = torch.minimum((lag[i] / (1 - BETA2 ** (t - 1))).clamp_min(0.0), v)
             stack = torch.stack([probe[i] for probe in probes])
             signal = stack.mean(0).square() - stack.var(0) / args.probes  # unbiased for the squared mean
             square = stack.square().mean(0)
-            tensor = [float(x.sum()) for x in (s, v, signal, square)]
-            ema_s, ema_v, probe_s, probe_v = (a + b for a, b in zip((ema_s, ema_v, probe_s, probe_v), tensor))
-            f_ema += p.numel() * length_factor(tensor[1], tensor[0], args.nodes)
-            f_probe += p.numel() * length_factor(tensor[3], tensor[2], args.nodes)
+            sums.append(torch.stack([x.sum() for x in (s, v, signal, square)]).double())
             f_element += float(length_factors([v], [s], args.nodes)[0].sum())
-        size = sum(p.numel() for p in params)
+        ema_s, ema_v, probe_s, probe_v = torch.stack(sums).unbind(1)
+        sizes = torch.tensor([p.numel() for p in params], dtype=torch.float64)
+        f_ema, f_probe = length_factors([ema_v, probe_v], [ema_s, probe_s], args.nodes)
         row = {"batch_size": batch_size, "step": t, "lag_share": sum(a for a, _ in window) / sum(b for _, b in window),
-               "probe_share": probe_s / probe_v, "ema_share": ema_s / ema_v, "f_ema": f_ema / size,
-               "f_probe": f_probe / size, "f_element": f_element / size}
+               "probe_share": float(probe_s.sum() / probe_v.sum()), "ema_share": float(ema_s.sum() / ema_v.sum()),
+               "f_ema": float(f_ema @ sizes / sizes.sum()), "f_probe": float(f_probe @ sizes / sizes.sum()),
+               "f_element": f_element / float(sizes.sum())}
         print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
         rows.append(row)
     return rows
