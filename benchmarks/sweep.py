@@ -306,6 +306,10 @@ GRIDS: dict[str, dict[str, Any]] = {
             # the lr sweep at 8 weak nodes between its two points (3e-3 best, 6e-3 +16.01 % behind): AdamW-HSDP gains
             # 5.61 % from 3e-3 to 6e-3 there, so does the lengthened exchange take a step of sqrt(2)?
             _run("flexdemo", 4.24e-3, nodes=8, procs_per_node=1, scaling="weak", progress_scale="batch", outer_lr=1.0),
+            # at 4 weak nodes, where no run overfits by step 2,000, the lengthened exchange levels off 9.5-10 points
+            # behind AdamW-HSDP: is that the compression? The dense mean of the lengthened pseudo-gradients
+            _run("flexdemo", 3e-3, nodes=4, procs_per_node=2, scaling="weak", progress_scale="batch", outer_lr=1.0,
+                 replicator="full"),
         ],
     },
     # Where the 8-node gap comes from: each node normalising its own gradient before the mean (_dense_step_wise)
