@@ -925,6 +925,33 @@ def test_the_weak_scaling_gap_along_the_run_is_the_json():
     assert f"and the 8-node {mean:+.2f} % of the mean of two seeds is partly that" in PROSE
 
 
+def test_progress_scaled_at_8_weak_nodes_between_the_two_lrs_is_the_json():
+    """"Weak scaling": progress_scale="batch" at lr 4.24e-3 against itself at 3e-3 and AdamW-HSDP at its best lr, and
+    the seeds' spread at 3e-3 that its margin is weighed against."""
+    runs = result("sweep_nodes_weak")["runs"]
+    key = "nodes=8 outer_lr=1 procs_per_node=1 progress_scale=batch scaling=weak"
+    between, scaled, scaled7 = runs[f"flexdemo lr=0.00424 {key}"], runs[f"flexdemo lr=0.003 {key}"], runs[
+        f"flexdemo lr=0.003 {key} seed=7"]
+    best = _best_adamw(runs, 8)
+    assert between["flexdemo_config"]["progress_scale"] == "batch" and between["flexdemo_config"]["outer_lr"] == 1.0
+    assert _behind_at(between, scaled) == [400, 600, 800, 1000, 1200] and best["lr"] == 6e-3
+    best_at = min(between["curve"], key=lambda c: c["eval_loss"])["step"]
+    spread = 100 * (scaled7["final_eval_loss"] / scaled["final_eval_loss"] - 1)
+    assert abs(float(_gap(between, scaled)[:-2])) < spread
+    assert (f"4.24e-3 (√2 × 3e-3) ends {-float(_gap(between, scaled)[:-2]):.2f} % under 3e-3 on seed 42, inside the "
+            f"seeds' spread.** `progress_scale=\"batch\"` at `outer_lr=1` and lr 4.24e-3 (at commit "
+            f"{_commit_of('sweep_nodes_weak', between)} from a clean tree, the same grid, AMD EPYC) ends at "
+            f"{between['final_eval_loss']:.3f} (best {between['best_eval_loss']:.3f}, at step {best_at:,}), "
+            f"{_gap(between, scaled)} against 3e-3 (best losses {_gap(between, scaled, 'best_eval_loss')}) and "
+            f"{_gap(between, best)} against AdamW-HSDP at 6e-3 (best losses {_gap(between, best, 'best_eval_loss')}): "
+            f"ahead of 3e-3 at step 200 ({_loss_at(between, 200):.3f} against {_loss_at(scaled, 200):.3f}), behind "
+            f"from step 400 to 1,200 ({_loss_at(between, 800):.3f} against {_loss_at(scaled, 800):.3f} at step 800) "
+            f"and ahead from step 1,400 on ({_loss_at(between, 1600):.3f} against {_loss_at(scaled, 1600):.3f} at step "
+            f"1,600), with nearly the same training loss over the last 200 steps ({_tail(between):.3f} against "
+            f"{_tail(scaled):.3f}). Its lead comes where AdamW-HSDP has flattened (above), and it is under the spread "
+            f"of the two seeds at 3e-3 ({spread:.2f} %, {scaled['final_eval_loss']:.3f} against "
+            f"{scaled7['final_eval_loss']:.3f})") in PROSE
+
 def test_progress_scaled_to_the_nodes_batch_at_2_nodes_is_the_json():
     """"Bits at 2 nodes": progress_scale="batch" against the defaults of the same seed and landing."""
     data = result("sweep_bits")
