@@ -877,50 +877,48 @@ def test_the_weak_scaling_gap_along_the_run_is_the_json():
     the reading quotes it at AdamW-HSDP's loss near 2.0, at the peaks and where AdamW-HSDP flattens."""
     weak, at2 = result("sweep_nodes_weak")["runs"], result("sweep_bits")["runs"]
     lengthened = "`progress_scale=\"batch\"`, `outer_lr=1`"
-    groups = {"2 × 2": (at2["adamw lr=0.003"], {"the defaults (grid `bits`)": at2["flexdemo lr=0.003"]})}
+    # nodes: the table's placement, AdamW-HSDP, and each FlexDeMo run by its row's label
+    groups = {2: ("2 × 2", at2["adamw lr=0.003"], {"the defaults (grid `bits`)": at2["flexdemo lr=0.003"]})}
     for nodes, procs in ((4, 2), (8, 1)):
         on = f"nodes={nodes} procs_per_node={procs} scaling=weak"
-        groups[f"{nodes} × {procs}"] = (weak[f"adamw lr=0.003 {on}"], {
+        groups[nodes] = (f"{nodes} × {procs}", weak[f"adamw lr=0.003 {on}"], {
             "the defaults": weak[f"flexdemo lr=0.003 {on}"],
             lengthened: weak[f"flexdemo lr=0.003 nodes={nodes} outer_lr=1 procs_per_node={procs} "
                              "progress_scale=batch scaling=weak"]})
-    lines, gaps = PAGE.splitlines(), {}
-    for place, (base, runs) in groups.items():
+    lines, defaults, scaled = PAGE.splitlines(), {}, {}
+    for nodes, (place, base, runs) in groups.items():
         losses = " | ".join(f"{c['eval_loss']:.3f}" for c in base["curve"][1:])
         assert f"| {place} | AdamW-HSDP, validation loss | {losses} |" in lines
         for label, run in runs.items():
             assert run["knobs"].get("seed", 42) == 42 and [c["step"] for c in run["curve"]] == list(range(0, 2001, 200))
-            gaps[place[0], label] = {c["step"]: 100 * (c["eval_loss"] / ref["eval_loss"] - 1)
-                                     for c, ref in zip(run["curve"][1:], base["curve"][1:])}
-            cells = " | ".join(f"{gap:+.2f}" for gap in gaps[place[0], label].values())
+            gap = {c["step"]: 100 * (c["eval_loss"] / ref["eval_loss"] - 1)
+                   for c, ref in zip(run["curve"][1:], base["curve"][1:])}
+            cells = " | ".join(f"{value:+.2f}" for value in gap.values())
             assert f"| {place} | {label}, gap in % | {cells} |" in lines, (place, label)
-    defaults = {nodes: gaps[nodes, "the defaults"] for nodes in "48"} | {"2": gaps["2", "the defaults (grid `bits`)"]}
-    scaled = {nodes: gaps[nodes, lengthened] for nodes in "48"}
-    base4, base8 = (groups[place][0] for place in ("4 × 2", "8 × 1"))
-    near2 = {"2": (2000, groups["2 × 2"][0]), "4": (1000, base4), "8": (600, base8)}
-    assert all(abs(_loss_at(base, step) - 2.0) < 0.07 for step, base in near2.values())
-    (step2, base2), (step4, _), (step8, _) = near2.values()
-    assert (f"Where AdamW-HSDP's loss is near 2.0 ({_loss_at(base2, step2):.3f} at step {step2:,} on 2 nodes, "
-            f"{_loss_at(base4, step4):.3f} at step {step4:,} on 4, {_loss_at(base8, step8):.3f} at step {step8} on 8), "
-            f"the defaults are {defaults['2'][step2]:+.2f} %, {defaults['4'][step4]:+.2f} % and "
-            f"{defaults['8'][step8]:+.2f} %: the gap grows with the number of nodes") in PROSE
-    late4 = [scaled["4"][step] for step in range(1200, 2001, 200)]
-    peak8, peak8_defaults = (max(gap, key=gap.get) for gap in (scaled["8"], defaults["8"]))
-    assert (peak8, peak8_defaults) == (600, 800) and max(defaults["4"], key=defaults["4"].get) == 2000
+            (scaled if label == lengthened else defaults)[nodes] = gap
+    base2, base4, base8 = (groups[nodes][1] for nodes in (2, 4, 8))
+    assert all(abs(_loss_at(base, step) - 2.0) < 0.07 for base, step in ((base2, 2000), (base4, 1000), (base8, 600)))
+    assert (f"Where AdamW-HSDP's loss is near 2.0 ({_loss_at(base2, 2000):.3f} at step 2,000 on 2 nodes, "
+            f"{_loss_at(base4, 1000):.3f} at step 1,000 on 4, {_loss_at(base8, 600):.3f} at step 600 on 8), the "
+            f"defaults are {defaults[2][2000]:+.2f} %, {defaults[4][1000]:+.2f} % and {defaults[8][600]:+.2f} %: the "
+            f"gap grows with the number of nodes") in PROSE
+    late4 = [scaled[4][step] for step in range(1200, 2001, 200)]
+    peak8, peak8_defaults = (max(gap, key=gap.get) for gap in (scaled[8], defaults[8]))
+    assert (peak8, peak8_defaults) == (600, 800) and max(defaults[4], key=defaults[4].get) == 2000
     assert min(base8["curve"], key=lambda c: c["eval_loss"])["step"] == 1600
-    early8 = [scaled["8"][step] for step in range(400, 1001, 200)]
+    early8 = [scaled[8][step] for step in range(400, 1001, 200)]
     study = {(row["batch_size"], row["step"]): row["probe_share"] for row in result("length_factor")["rows"]}
     assert (f"as the signal's share of each node's gradient falls ({study[32, 200]:.3f} to {study[32, 800]:.3f} on 32 "
             f"sequences from step 200 to 800, as the study above measures it at the weights). With "
             f"`progress_scale=\"batch\"` it stops growing at 4 nodes ({min(late4):+.2f} % to {max(late4):+.2f} % from "
-            f"step 1,200 on, where the defaults go on to {defaults['4'][2000]:+.2f} %), and at 8 it peaks at step 600 "
-            f"({scaled['8'][600]:+.2f} %; the defaults {defaults['8'][800]:+.2f} % at step 800). At 8 nodes both gaps "
+            f"step 1,200 on, where the defaults go on to {defaults[4][2000]:+.2f} %), and at 8 it peaks at step 600 "
+            f"({scaled[8][600]:+.2f} %; the defaults {defaults[8][800]:+.2f} % at step 800). At 8 nodes both gaps "
             f"narrow after their peaks as AdamW-HSDP's loss flattens ({_loss_at(base8, 1000):.3f} at step 1,000, "
             f"{_loss_at(base8, 1600):.3f} at 1,600) and then rises ({_loss_at(base8, 2000):.3f} at step "
             f"2,000)") in PROSE
     assert (f"Before AdamW-HSDP flattens, the lengthened exchange is {min(early8):.2f} to {max(early8):.2f} points "
             f"behind at 8 nodes (steps 400 to 1,000); at 4 nodes, where nothing flattens, it ends "
-            f"{scaled['4'][2000]:.2f} points behind.") in PROSE
+            f"{scaled[4][2000]:.2f} points behind.") in PROSE
     mean = sum(_lengthened_best_lr_gaps(weak)) / 2
     assert f"and the 8-node {mean:+.2f} % of the mean of two seeds is partly that" in PROSE
 
