@@ -1015,6 +1015,23 @@ def test_progress_scaled_at_8_weak_nodes_between_the_two_lrs_is_the_json():
                             if "lr=0.00424 nodes=8 outer_lr=1" in p["key"])
 
 
+def test_adamw_hsdp_at_8_weak_nodes_between_its_two_lrs_is_the_json():
+    """"Weak scaling": AdamW-HSDP at lr 4.24e-3 against its 6e-3 on 8 weak nodes, and the lengthened exchange at the
+    same lr against it."""
+    runs = result("sweep_nodes_weak")["runs"]
+    between, six = (runs[f"adamw lr={lr} nodes=8 procs_per_node=1 scaling=weak"] for lr in ("0.00424", "0.006"))
+    lengthened = runs["flexdemo lr=0.00424 nodes=8 outer_lr=1 procs_per_node=1 progress_scale=batch scaling=weak"]
+    assert _behind_at(between, six) == [200, 1600, 1800, 2000] and _best_step(between) == 1400
+    assert (f"AdamW-HSDP at lr 4.24e-3 (at commit {_commit_of('sweep_nodes_weak', between)} from a clean tree, the "
+            f"same grid, AMD EPYC) ends at {between['final_eval_loss']:.3f}, {_gap(between, six)} against 6e-3 (best "
+            f"{between['best_eval_loss']:.3f} at step 1,400, {_gap(between, six, 'best_eval_loss')} against 6e-3's "
+            f"best): ahead of 6e-3 from step 400 to 1,400 ({_loss_at(between, 600):.3f} against "
+            f"{_loss_at(six, 600):.3f} at step 600) and behind at step 200 and from step 1,600 on, with a training "
+            f"loss over the last 200 steps of {_tail(between):.3f} against {_tail(six):.3f}. At AdamW-HSDP's own lr "
+            f"the lengthened exchange at 4.24e-3 is {_gap(lengthened, between)} (best losses "
+            f"{_gap(lengthened, between, 'best_eval_loss')}).") in PROSE
+
+
 def test_progress_scaled_to_the_nodes_batch_at_2_nodes_is_the_json():
     """"Bits at 2 nodes": progress_scale="batch" against the defaults of the same seed and landing."""
     data = result("sweep_bits")
