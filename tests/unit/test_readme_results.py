@@ -777,8 +777,7 @@ def test_progress_scaled_to_the_nodes_batch_at_8_weak_nodes_is_the_json():
     runs = data["runs"]
     key = "flexdemo lr=0.003 nodes=8 outer_lr=1 procs_per_node=1 progress_scale=batch scaling=weak"
     scaled, outer1 = runs[key], runs["flexdemo lr=0.003 nodes=8 outer_lr=1 procs_per_node=1 scaling=weak"]
-    defaults, base, best = _weak_defaults(runs), *(runs[f"adamw lr={lr} nodes=8 procs_per_node=1 scaling=weak"]
-                                                   for lr in ("0.003", "0.006"))
+    defaults, base, best = _weak_defaults(runs), *(_weak_adamw(runs, lr=lr) for lr in ("0.003", "0.006"))
     invocation = data["invocations"][scaled["invocation"]]
     assert invocation["machine"]["cpu_model"] == "AMD EPYC" and not invocation["git_dirty"]
     config = scaled["flexdemo_config"]
@@ -865,7 +864,7 @@ def test_progress_scaled_at_4_weak_nodes_is_the_json():
     assert _best_adamw(runs, 4) is base and _behind_at(scaled, defaults) == [200, 400, 600, 800, 1000]
     assert all(run["best_eval_loss"] == run["final_eval_loss"] for run in (scaled, defaults, base))
     scaled8 = runs["flexdemo lr=0.003 nodes=8 outer_lr=1 procs_per_node=1 progress_scale=batch scaling=weak"]
-    defaults8, base8 = _weak_defaults(runs), runs["adamw lr=0.003 nodes=8 procs_per_node=1 scaling=weak"]
+    defaults8, base8 = _weak_defaults(runs), _weak_adamw(runs, lr="0.003")
 
     def points(field: str) -> tuple[str, str]:
         """What the lengthening took back at 8 nodes of the defaults' gap on ``field``, and that gap, in points."""
@@ -1030,10 +1029,11 @@ def test_adamw_hsdp_at_8_weak_nodes_between_its_two_lrs_is_the_json():
     assert all(_tail(run) < _tail(reference) for run, reference in ((between, six), (between7, six7)))
     same_lr, same_lr_best = (_lengthened_best_lr_gaps(runs, "0.00424", field, adamw_lr="0.00424")
                              for field in ("final_eval_loss", "best_eval_loss"))
+    mean = sum(_lengthened_best_lr_gaps(runs, "0.00424")) / 2  # each method at its best lr
     assert (f"**AdamW-HSDP at 4.24e-3 ends behind 6e-3 on both seeds, by {_gap(between, six)} and "
-            f"{_gap(between7, six7)}: 6e-3 stays its best measured lr at 8 weak nodes, and the "
-            f"{sum(_lengthened_best_lr_gaps(runs, '0.00424')) / 2:+.2f} % above stands.** AdamW-HSDP at lr 4.24e-3 (at "
-            f"commit {_commit_of('sweep_nodes_weak', between)} from a clean tree, the same grid, AMD EPYC) ends at "
+            f"{_gap(between7, six7)}: 6e-3 stays its best measured lr at 8 weak nodes, and the {mean:+.2f} % above "
+            f"stands.** AdamW-HSDP at lr 4.24e-3 (at commit {_commit_of('sweep_nodes_weak', between)} from a clean "
+            f"tree, the same grid, AMD EPYC) ends at "
             f"{between['final_eval_loss']:.3f}, {_gap(between, six)} against 6e-3 (best "
             f"{between['best_eval_loss']:.3f} at step 1,400, {_gap(between, six, 'best_eval_loss')} against 6e-3's "
             f"best): ahead of 6e-3 from step 400 to 1,400 ({_loss_at(between, 600):.3f} against "
@@ -1046,8 +1046,7 @@ def test_adamw_hsdp_at_8_weak_nodes_between_its_two_lrs_is_the_json():
             f"against {_tail(six7):.3f}.") in PROSE
     assert (f"At AdamW-HSDP's own lr of 4.24e-3 the lengthened exchange is {same_lr[0]:+.2f} % and {same_lr[1]:+.2f} % "
             f"(best losses {same_lr_best[0]:+.2f} % and {same_lr_best[1]:+.2f} %), {sum(same_lr) / 2:+.2f} % on the "
-            f"mean of two seeds; each method at its best measured lr it is "
-            f"{sum(_lengthened_best_lr_gaps(runs, '0.00424')) / 2:+.2f} %.") in PROSE
+            f"mean of two seeds; each method at its best measured lr it is {mean:+.2f} %.") in PROSE
 
 
 def test_progress_scaled_to_the_nodes_batch_at_2_nodes_is_the_json():
@@ -1124,8 +1123,7 @@ def test_the_weak_scaling_rounds_of_16_are_the_json():
     halving's cost at 2 nodes (grid bits, two seeds, both landing after one step) and at 8 strong nodes."""
     data = result("sweep_nodes_weak")
     runs = data["runs"]
-    defaults, base, best = _weak_defaults(runs), *(runs[f"adamw lr={lr} nodes=8 procs_per_node=1 scaling=weak"]
-                                                   for lr in ("0.003", "0.006"))
+    defaults, base, best = _weak_defaults(runs), *(_weak_adamw(runs, lr=lr) for lr in ("0.003", "0.006"))
     sixteen = runs["flexdemo lr=0.003 local_steps=16 nodes=8 procs_per_node=1 scaling=weak"]
     invocation = data["invocations"][sixteen["invocation"]]
     assert invocation["machine"]["cpu_model"] == "AMD EPYC" and not invocation["git_dirty"]
