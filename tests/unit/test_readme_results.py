@@ -483,6 +483,14 @@ def _lengthened_best_lr_gaps(runs: dict, lr: str = "0.003", field: str = "final_
             for seed, more in ((42, ""), (7, " seed=7"))]
 
 
+def _lengthened_gaps_at_4(runs: dict) -> list[float]:
+    """progress_scale="batch" at 4 weak nodes (outer_lr=1, lr 3e-3) against AdamW-HSDP at its best lr, seeds 42 and 7,
+    in percent."""
+    key = "flexdemo lr=0.003 nodes=4 outer_lr=1 procs_per_node=2 progress_scale=batch scaling=weak"
+    return [100 * (runs[key + more]["final_eval_loss"] / _best_adamw(runs, 4, seed)["final_eval_loss"] - 1)
+            for seed, more in ((42, ""), (7, " seed=7"))]
+
+
 def _gaps_along(run: dict, reference: dict) -> dict[int, float]:
     """run's validation loss against reference's at each evaluation step past step 0, in percent."""
     return {c["step"]: 100 * (c["eval_loss"] / ref["eval_loss"] - 1)
@@ -766,8 +774,8 @@ def test_progress_scaled_to_the_nodes_batch_at_8_strong_nodes_is_the_json():
 
 
 _SCALED_SUMMARY = ("the same at 4 / 8 weak nodes with `progress_scale=\"batch\"` and `outer_lr=1` (off by default), "
-                   "each method at its best measured lr (at 8 nodes 4.24e-3 against AdamW-HSDP's 6e-3), one seed / "
-                   "mean of two seeds ([\"Weak scaling\"](#weak-scaling-each-node-keeps-its-batch))")
+                   "each method at its best measured lr (at 8 nodes 4.24e-3 against AdamW-HSDP's 6e-3), mean of two "
+                   "seeds ([\"Weak scaling\"](#weak-scaling-each-node-keeps-its-batch))")
 
 
 def test_progress_scaled_to_the_nodes_batch_at_8_weak_nodes_is_the_json():
@@ -814,10 +822,10 @@ def test_progress_scaled_to_the_nodes_batch_at_8_weak_nodes_is_the_json():
     at2, defaults2 = (result("sweep_bits")["runs"][f"flexdemo lr=0.003 outer_delay=2{more}"]
                       for more in (" progress_scale=batch", ""))
     docs = " ".join((ROOT / "docs" / "how-it-works.md").read_text().split())
-    scaled4, defaults4, base4 = (runs[f"{run} lr=0.003 nodes=4 {knobs}procs_per_node=2 {more}scaling=weak"]
-                                 for run, knobs, more in (("flexdemo", "outer_lr=1 ", "progress_scale=batch "),
-                                                          ("flexdemo", "", ""), ("adamw", "", "")))
-    at4 = f"and cuts it at 4 ({_gap(scaled4, base4)} against {_gap(defaults4, base4)}, one seed)"
+    defaults4, base4 = (runs[f"{method} lr=0.003 nodes=4 procs_per_node=2 scaling=weak"]
+                        for method in ("flexdemo", "adamw"))
+    at4 = (f"and cuts it at 4 ({sum(_lengthened_gaps_at_4(runs)) / 2:+.2f} % on the mean of two seeds, against "
+           f"{_gap(defaults4, base4)} on one)")
     at_between = sum(_lengthened_best_lr_gaps(runs, "0.00424")) / 2
     assert f"the gap at 8 such nodes {both}, two seeds; at lr 4.24e-3 {at_between:+.2f} %) {at4}; where" in README
     assert (f"halves the gap at 8 nodes that each keep a 2-node batch {both} from AdamW-HSDP at its best lr, means of "
@@ -883,14 +891,44 @@ def test_progress_scaled_at_4_weak_nodes_is_the_json():
             f"{_loss_at(defaults, 1000):.3f} at step 1,000) and ahead from step 1,200 on "
             f"({_loss_at(scaled, 1200):.3f} against {_loss_at(defaults, 1200):.3f}), with a training loss over the "
             f"last 200 steps of {_tail(scaled):.3f} against {_tail(defaults):.3f} (AdamW-HSDP: {_tail(base):.3f}). "
-            f"One seed. At 8 nodes the same lr took back {points('final_eval_loss')[0]} of the defaults' "
-            f"{points('final_eval_loss')[1]} points, but on final "
+            f"Seed 42 (seed 7: the next paragraph). At 8 nodes the same lr took back "
+            f"{points('final_eval_loss')[0]} of the defaults' {points('final_eval_loss')[1]} points, but on final "
             f"losses taken after both methods had passed their best at step 1,600 and overfit, AdamW-HSDP the more "
             f"({base8['best_eval_loss']:.3f} at step 1,600, {base8['final_eval_loss']:.3f} at step 2,000); on the "
             f"best losses it took back {' of '.join(points('best_eval_loss'))} points, to "
             f"{_gap(scaled8, base8, 'best_eval_loss')}.") in PROSE
-    assert f"{_SCALED_SUMMARY} | {_gap(scaled, base)} / " in PAGE
+    assert f"{_SCALED_SUMMARY} | {sum(_lengthened_gaps_at_4(runs)) / 2:+.2f} % / " in PAGE
 
+
+def test_progress_scaled_at_4_weak_nodes_on_a_second_seed_is_the_json():
+    """"Weak scaling": seed 7 of progress_scale="batch" and of AdamW-HSDP at 4 weak nodes, the mean of the two seeds'
+    gaps, and the gap along seed 7's run."""
+    runs = result("sweep_nodes_weak")["runs"]
+    key = "flexdemo lr=0.003 nodes=4 outer_lr=1 procs_per_node=2 progress_scale=batch scaling=weak"
+    scaled, scaled7 = runs[key], runs[key + " seed=7"]
+    base, base7 = _best_adamw(runs, 4), _best_adamw(runs, 4, 7)
+    assert base["lr"] == base7["lr"] == 3e-3 and base7["knobs"]["seed"] == 7
+    assert all(run["best_eval_loss"] == run["final_eval_loss"] for run in (scaled7, base7))
+    gaps = _lengthened_gaps_at_4(runs)
+    along = _gaps_along(scaled7, base7)
+    peak = max(along, key=along.get)
+    steps = sorted(along)
+    rising = steps[:steps.index(peak) + 1]
+    assert all(along[a] < along[b] for a, b in zip(rising, rising[1:]))
+    assert all(along[s] < along[peak] for s in steps[len(rising):])
+    mean = sum(gaps) / 2
+    assert (f"**With a second seed the lengthened exchange is {mean:+.2f} % at 4 weak nodes on the mean of two "
+            f"seeds, {mean - 4:.2f} points past issue 32's aim of 4 % there: the two seeds agree within "
+            f"{abs(gaps[0] - gaps[1]):.2f} points.** With seed 7 (at commit {_commit_of('sweep_nodes_weak', scaled7)} "
+            f"from a clean tree, the same grid, AMD EPYC), AdamW-HSDP at 3e-3 (its best measured lr there, on seed 42) "
+            f"ends at {base7['final_eval_loss']:.3f}, {_gap(base7, base)} against seed 42's, and "
+            f"`progress_scale=\"batch\"` at `outer_lr=1` ends at {scaled7['final_eval_loss']:.3f}, "
+            f"{_gap(scaled7, base7)} against it (seed 42: {_gap(scaled, base)}) and {_gap(scaled7, scaled)} against "
+            f"seed 42's run. As on seed 42 the gap grows to mid-run and then levels off: {along[200]:+.2f} % at step "
+            f"200, {along[peak]:+.2f} % at step {peak:,} (its peak), {along[2000]:+.2f} % at step 2,000, with a "
+            f"training loss over the last 200 steps of {_tail(scaled7):.3f} against AdamW-HSDP's {_tail(base7):.3f}."
+            ) in PROSE
+    assert _commit_of("sweep_nodes_weak", scaled7) == _commit_of("sweep_nodes_weak", base7)
 
 def test_the_weak_scaling_gap_along_the_run_is_the_json():
     """"Weak scaling": the gap at every evaluation at 2, 4 and 8 nodes (seed 42, lr 3e-3) is pasted from the grids, and
