@@ -1087,6 +1087,33 @@ def test_adamw_hsdp_at_8_weak_nodes_between_its_two_lrs_is_the_json():
             f"mean of two seeds; each method at its best measured lr it is {mean:+.2f} %.") in PROSE
 
 
+def test_adamw_hsdp_at_8_weak_nodes_a_step_above_its_best_is_the_json():
+    """"Weak scaling": AdamW-HSDP at lr 8.49e-3 against its 6e-3 on 8 weak nodes, and the final losses of its lrs in
+    steps of sqrt(2) from 3e-3 to 1.2e-2."""
+    runs = result("sweep_nodes_weak")["runs"]
+    grid = [_weak_adamw(runs, lr=lr) for lr in ("0.003", "0.00424", "0.006", "0.00849", "0.012")]
+    above, six = grid[3], grid[2]
+    assert _best_adamw(runs, 8) is six and _best_step(above) == 1600
+    assert _behind_at(above, six) == _evaluations(six)
+    assert [b["lr"] / a["lr"] for a, b in zip(grid, grid[1:])] == pytest.approx([2 ** 0.5] * 4, rel=1e-3)
+    finals = ", ".join(f"{run['final_eval_loss']:.3f}" for run in grid[:-1])
+    assert (f"**At 8.49e-3, the √2 step above 6e-3, AdamW-HSDP ends {_gap(above, six)} behind it: on a grid of √2 "
+            f"steps from 3e-3 to 1.2e-2, 6e-3 is AdamW-HSDP's best lr at 8 weak nodes.** AdamW-HSDP at lr 8.49e-3 (at "
+            f"commit {_commit_of('sweep_nodes_weak', above)} from a clean tree, the same grid, AMD EPYC) ends at "
+            f"{above['final_eval_loss']:.3f} (best {above['best_eval_loss']:.3f} at step 1,600, "
+            f"{_gap(above, six, 'best_eval_loss')} against 6e-3's best), behind 6e-3 at every evaluation "
+            f"({_loss_at(above, 200):.3f} against {_loss_at(six, 200):.3f} at step 200, {_loss_at(above, 600):.3f} "
+            f"against {_loss_at(six, 600):.3f} at step 600), with a training loss over the last 200 steps of "
+            f"{_tail(above):.3f} against {_tail(six):.3f}: the longer step trains slower, not only generalises worse. "
+            f"So AdamW-HSDP's final losses on seed 42 from 3e-3 to 1.2e-2 in steps of √2 are "
+            f"{finals} and "
+            f"{grid[-1]['final_eval_loss']:.3f}, and the gaps with each method at its best lr "
+            f"({_two_seeds_best_lr_gap(runs):+.2f} % for the defaults, "
+            f"{sum(_lengthened_best_lr_gaps(runs, '0.00424')) / 2:+.2f} % for the lengthened exchange) are against the "
+            f"best of them (on seed 7, of 4.24e-3 and 6e-3). One seed.") in PROSE
+    assert {r["lr"] for r in runs.values() if r["method"] == "adamw" and r["knobs"]["nodes"] == 8
+            and r["knobs"].get("seed") == 7} == {4.24e-3, 6e-3}
+
 def test_progress_scaled_to_the_nodes_batch_at_2_nodes_is_the_json():
     """"Bits at 2 nodes": progress_scale="batch" against the defaults of the same seed and landing."""
     data = result("sweep_bits")
