@@ -930,6 +930,7 @@ def test_progress_scaled_at_4_weak_nodes_on_a_second_seed_is_the_json():
             ) in PROSE
     assert _commit_of("sweep_nodes_weak", scaled7) == _commit_of("sweep_nodes_weak", base7)
 
+
 def test_progress_scaled_at_4_weak_nodes_a_step_above_its_lr_is_the_json():
     """"Weak scaling": progress_scale="batch" at lr 4.24e-3 on 4 weak nodes against its 3e-3, AdamW-HSDP and the
     defaults there, and where the same lr led at 8 nodes."""
@@ -955,7 +956,8 @@ def test_progress_scaled_at_4_weak_nodes_a_step_above_its_lr_is_the_json():
             f"200 steps of {_tail(above):.3f} against {_tail(scaled):.3f}. At 8 nodes the same lr also led its 3e-3 at "
             f"step 200, then fell behind and led again only from step {led_from[1]:,} or {led_from[0]:,} on (by "
             f"seed)") in PROSE
-    assert f"the +{sum(_lengthened_best_lr_gaps(runs, '0.00424')) / 2:.2f} % at 8 rests on it. One seed." in PROSE
+    assert f"the {sum(_lengthened_best_lr_gaps(runs, '0.00424')) / 2:+.2f} % at 8 rests on it. One seed." in PROSE
+
 
 def test_the_weak_scaling_gap_along_the_run_is_the_json():
     """"Weak scaling": the gap at every evaluation at 2, 4 and 8 nodes (seed 42, lr 3e-3) is pasted from the grids, and
@@ -1132,8 +1134,7 @@ def test_adamw_hsdp_at_8_weak_nodes_a_step_above_its_best_is_the_json():
             f"({_loss_at(above, 200):.3f} against {_loss_at(six, 200):.3f} at step 200, {_loss_at(above, 600):.3f} "
             f"against {_loss_at(six, 600):.3f} at step 600), with a training loss over the last 200 steps of "
             f"{_tail(above):.3f} against {_tail(six):.3f}: the longer step trains slower, not only generalises worse. "
-            f"So AdamW-HSDP's final losses on seed 42 from 3e-3 to 1.2e-2 in steps of √2 are "
-            f"{finals} and "
+            f"So AdamW-HSDP's final losses on seed 42 from 3e-3 to 1.2e-2 in steps of √2 are {finals} and "
             f"{grid[-1]['final_eval_loss']:.3f}, and the gaps with each method at its best lr "
             f"({_two_seeds_best_lr_gap(runs):+.2f} % for the defaults, "
             f"{sum(_lengthened_best_lr_gaps(runs, '0.00424')) / 2:+.2f} % for the lengthened exchange) are against the "
