@@ -331,6 +331,8 @@ GRIDS: dict[str, dict[str, Any]] = {
             # ... it costs (+8.88 % over 3e-3); AdamW-HSDP's lrs at 4 weak nodes are 3e-3 (best) and 6e-3: the sqrt(2)
             # step below its best, so that its best is bracketed
             _run("adamw", 2.12e-3, nodes=4, procs_per_node=2, scaling="weak"),
+            # ... and the same step below the lengthened exchange's best there, so that both methods' lrs are bracketed
+            _run("flexdemo", 2.12e-3, nodes=4, procs_per_node=2, scaling="weak", progress_scale="batch", outer_lr=1.0),
         ],
     },
     # Where the 8-node gap comes from: each node normalising its own gradient before the mean (_dense_step_wise)
