@@ -959,6 +959,29 @@ def test_progress_scaled_at_4_weak_nodes_a_step_above_its_lr_is_the_json():
     assert f"the {sum(_lengthened_best_lr_gaps(runs, '0.00424')) / 2:+.2f} % at 8 rests on it. One seed." in PROSE
 
 
+def test_both_methods_a_step_below_their_lr_at_4_weak_nodes_is_the_json():
+    """"Weak scaling": AdamW-HSDP and progress_scale="batch" at lr 2.12e-3 on 4 weak nodes against their 3e-3, so that
+    each method's lr there is bracketed."""
+    runs = result("sweep_nodes_weak")["runs"]
+    key = "nodes=4 outer_lr=1 procs_per_node=2 progress_scale=batch scaling=weak"
+    below, scaled = (runs[f"flexdemo lr={lr} {key}"] for lr in ("0.00212", "0.003"))
+    below_base, base = (runs[f"adamw lr={lr} nodes=4 procs_per_node=2 scaling=weak"] for lr in ("0.00212", "0.003"))
+    assert _best_adamw(runs, 4) is base
+    assert _behind_at(below, scaled) == _behind_at(below_base, base) == _evaluations(base)
+    assert (f"AdamW-HSDP at 2.12e-3 ends {_gap(below_base, base)} above its 3e-3 and the lengthened exchange "
+            f"{_gap(below, scaled)} above its own, so each method's best measured lr there is 3e-3, with a worse lr on "
+            f"either side, and the {sum(_lengthened_gaps_at_4(runs)) / 2:+.2f} % is each at its best.** AdamW-HSDP at "
+            f"lr 2.12e-3 (at commit {_commit_of('sweep_nodes_weak', below_base)} from a clean tree, the same grid, AMD "
+            f"EPYC) ends at {below_base['final_eval_loss']:.3f}, behind its 3e-3 at every evaluation "
+            f"({_loss_at(below_base, 200):.3f} against {_loss_at(base, 200):.3f} at step 200), with a training loss "
+            f"over the last 200 steps of {_tail(below_base):.3f} against {_tail(base):.3f}. `progress_scale=\"batch\"` "
+            f"at `outer_lr=1` and lr 2.12e-3 (at commit {_commit_of('sweep_nodes_weak', below)}) ends at "
+            f"{below['final_eval_loss']:.3f}, {_gap(below, base)} against AdamW-HSDP at 3e-3, behind its 3e-3 at every "
+            f"evaluation ({_loss_at(below, 200):.3f} against {_loss_at(scaled, 200):.3f} at step 200), with a "
+            f"training loss over the last 200 steps of {_tail(below):.3f} against {_tail(scaled):.3f}. At the same lr "
+            f"of 2.12e-3 the two are {_gap(below, below_base)} apart ({_gap(scaled, base)} at 3e-3)") in PROSE
+    assert _tail(below) > _tail(scaled) and _tail(below_base) > _tail(base)
+
 def test_the_weak_scaling_gap_along_the_run_is_the_json():
     """"Weak scaling": the gap at every evaluation at 2, 4 and 8 nodes (seed 42, lr 3e-3) is pasted from the grids, and
     the reading quotes it at AdamW-HSDP's loss near 2.0, at the peaks and where AdamW-HSDP flattens."""
