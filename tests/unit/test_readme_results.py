@@ -475,19 +475,12 @@ def _evaluations(run: dict) -> list[int]:
 
 
 def _lengthened_best_lr_gaps(runs: dict, lr: str = "0.003", field: str = "final_eval_loss",
-                             adamw_lr: str | None = None) -> list[float]:
-    """progress_scale="batch" at 8 weak nodes (outer_lr=1, at ``lr``) against AdamW-HSDP at ``adamw_lr`` (its best lr
-    where None) on ``field``, seeds 42 and 7, in percent."""
-    key = f"flexdemo lr={lr} nodes=8 outer_lr=1 procs_per_node=1 progress_scale=batch scaling=weak"
-    return [100 * (runs[key + more][field] / _weak_adamw(runs, seed, adamw_lr)[field] - 1)
-            for seed, more in ((42, ""), (7, " seed=7"))]
-
-
-def _lengthened_gaps_at_4(runs: dict) -> list[float]:
-    """progress_scale="batch" at 4 weak nodes (outer_lr=1, lr 3e-3) against AdamW-HSDP at its best lr, seeds 42 and 7,
-    in percent."""
-    key = "flexdemo lr=0.003 nodes=4 outer_lr=1 procs_per_node=2 progress_scale=batch scaling=weak"
-    return [100 * (runs[key + more]["final_eval_loss"] / _best_adamw(runs, 4, seed)["final_eval_loss"] - 1)
+                             adamw_lr: str | None = None, nodes: int = 8) -> list[float]:
+    """progress_scale="batch" on ``nodes`` weak nodes (8 x 1 or 4 x 2; outer_lr=1, at ``lr``) against AdamW-HSDP at its
+    best lr there, or at 8 nodes at ``adamw_lr``, on ``field``, seeds 42 and 7, in percent."""
+    key = f"flexdemo lr={lr} nodes={nodes} outer_lr=1 procs_per_node={8 // nodes} progress_scale=batch scaling=weak"
+    return [100 * (runs[key + more][field] / (_best_adamw(runs, nodes, seed) if adamw_lr is None
+                                              else _weak_adamw(runs, seed, adamw_lr))[field] - 1)
             for seed, more in ((42, ""), (7, " seed=7"))]
 
 
@@ -824,8 +817,8 @@ def test_progress_scaled_to_the_nodes_batch_at_8_weak_nodes_is_the_json():
     docs = " ".join((ROOT / "docs" / "how-it-works.md").read_text().split())
     defaults4, base4 = (runs[f"{method} lr=0.003 nodes=4 procs_per_node=2 scaling=weak"]
                         for method in ("flexdemo", "adamw"))
-    at4 = (f"and cuts it at 4 ({sum(_lengthened_gaps_at_4(runs)) / 2:+.2f} % on the mean of two seeds, against "
-           f"{_gap(defaults4, base4)} on one)")
+    mean4 = sum(_lengthened_best_lr_gaps(runs, nodes=4)) / 2
+    at4 = f"and cuts it at 4 ({mean4:+.2f} % on the mean of two seeds, against {_gap(defaults4, base4)} on one)"
     at_between = sum(_lengthened_best_lr_gaps(runs, "0.00424")) / 2
     assert f"the gap at 8 such nodes {both}, two seeds; at lr 4.24e-3 {at_between:+.2f} %) {at4}; where" in README
     assert (f"halves the gap at 8 nodes that each keep a 2-node batch {both} from AdamW-HSDP at its best lr, means of "
@@ -897,7 +890,7 @@ def test_progress_scaled_at_4_weak_nodes_is_the_json():
             f"({base8['best_eval_loss']:.3f} at step 1,600, {base8['final_eval_loss']:.3f} at step 2,000); on the "
             f"best losses it took back {' of '.join(points('best_eval_loss'))} points, to "
             f"{_gap(scaled8, base8, 'best_eval_loss')}.") in PROSE
-    assert f"{_SCALED_SUMMARY} | {sum(_lengthened_gaps_at_4(runs)) / 2:+.2f} % / " in PAGE
+    assert f"{_SCALED_SUMMARY} | {sum(_lengthened_best_lr_gaps(runs, nodes=4)) / 2:+.2f} % / " in PAGE
 
 
 def test_progress_scaled_at_4_weak_nodes_on_a_second_seed_is_the_json():
@@ -909,7 +902,7 @@ def test_progress_scaled_at_4_weak_nodes_on_a_second_seed_is_the_json():
     base, base7 = _best_adamw(runs, 4), _best_adamw(runs, 4, 7)
     assert base["lr"] == base7["lr"] == 3e-3 and base7["knobs"]["seed"] == 7
     assert all(run["best_eval_loss"] == run["final_eval_loss"] for run in (scaled7, base7))
-    gaps = _lengthened_gaps_at_4(runs)
+    gaps = _lengthened_best_lr_gaps(runs, nodes=4)
     along = _gaps_along(scaled7, base7)
     peak = max(along, key=along.get)
     steps = sorted(along)
@@ -945,8 +938,9 @@ def test_progress_scaled_at_4_weak_nodes_a_step_above_its_lr_is_the_json():
     assert all(_behind_at(run, reference)[0] == 400 for run, reference in at8)
     led_from = [max(_behind_at(run, reference)) + 200 for run, reference in at8]
     assert led_from == [1400, 1200]
+    mean4 = sum(_lengthened_best_lr_gaps(runs, nodes=4)) / 2
     assert (f"at lr 4.24e-3 the lengthened exchange ends {_gap(above, scaled)} above its 3e-3 there, so 3e-3 stays its "
-            f"best measured lr at 4 weak nodes and the {sum(_lengthened_gaps_at_4(runs)) / 2:+.2f} % stands.** "
+            f"best measured lr at 4 weak nodes and the {mean4:+.2f} % stands.** "
             f"`progress_scale=\"batch\"` at `outer_lr=1` and lr 4.24e-3 (at commit "
             f"{_commit_of('sweep_nodes_weak', above)} from a clean tree, the same grid, AMD EPYC) ends at "
             f"{above['final_eval_loss']:.3f}, {_gap(above, base)} against AdamW-HSDP at 3e-3 and "
@@ -968,9 +962,10 @@ def test_both_methods_a_step_below_their_lr_at_4_weak_nodes_is_the_json():
     below_base, base = (runs[f"adamw lr={lr} nodes=4 procs_per_node=2 scaling=weak"] for lr in ("0.00212", "0.003"))
     assert _best_adamw(runs, 4) is base
     assert _behind_at(below, scaled) == _behind_at(below_base, base) == _evaluations(base)
+    mean4 = sum(_lengthened_best_lr_gaps(runs, nodes=4)) / 2
     assert (f"AdamW-HSDP at 2.12e-3 ends {_gap(below_base, base)} above its 3e-3 and the lengthened exchange "
             f"{_gap(below, scaled)} above its own, so each method's best measured lr there is 3e-3, with a worse lr on "
-            f"either side, and the {sum(_lengthened_gaps_at_4(runs)) / 2:+.2f} % is each at its best.** AdamW-HSDP at "
+            f"either side, and the {mean4:+.2f} % is each at its best.** AdamW-HSDP at "
             f"lr 2.12e-3 (at commit {_commit_of('sweep_nodes_weak', below_base)} from a clean tree, the same grid, AMD "
             f"EPYC) ends at {below_base['final_eval_loss']:.3f}, behind its 3e-3 at every evaluation "
             f"({_loss_at(below_base, 200):.3f} against {_loss_at(base, 200):.3f} at step 200), with a training loss "
@@ -981,6 +976,7 @@ def test_both_methods_a_step_below_their_lr_at_4_weak_nodes_is_the_json():
             f"training loss over the last 200 steps of {_tail(below):.3f} against {_tail(scaled):.3f}. At the same lr "
             f"of 2.12e-3 the two are {_gap(below, below_base)} apart ({_gap(scaled, base)} at 3e-3)") in PROSE
     assert _tail(below) > _tail(scaled) and _tail(below_base) > _tail(base)
+
 
 def test_the_weak_scaling_gap_along_the_run_is_the_json():
     """"Weak scaling": the gap at every evaluation at 2, 4 and 8 nodes (seed 42, lr 3e-3) is pasted from the grids, and
@@ -1164,6 +1160,7 @@ def test_adamw_hsdp_at_8_weak_nodes_a_step_above_its_best_is_the_json():
             f"best of them (on seed 7, of 4.24e-3 and 6e-3). One seed.") in PROSE
     assert {r["lr"] for r in runs.values() if r["method"] == "adamw" and r["knobs"]["nodes"] == 8
             and r["knobs"].get("seed") == 7} == {4.24e-3, 6e-3}
+
 
 def test_progress_scaled_to_the_nodes_batch_at_2_nodes_is_the_json():
     """"Bits at 2 nodes": progress_scale="batch" against the defaults of the same seed and landing."""
