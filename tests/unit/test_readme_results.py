@@ -978,6 +978,39 @@ def test_both_methods_a_step_below_their_lr_at_4_weak_nodes_is_the_json():
     assert _tail(below) > _tail(scaled) and _tail(below_base) > _tail(base)
 
 
+def test_the_lengthened_exchange_s_rounds_at_4_weak_nodes_are_the_json():
+    """"Weak scaling": progress_scale="batch" in rounds of 4 and 16 at 4 weak nodes against its rounds of 8, AdamW-HSDP
+    and the defaults there, and the margins against the two seeds' spread in rounds of 8."""
+    runs = result("sweep_nodes_weak")["runs"]
+    key = "nodes=4 outer_lr=1 procs_per_node=2 progress_scale=batch scaling=weak"
+    four, sixteen, eight = (runs[f"flexdemo lr=0.003 {steps}{key}"]
+                            for steps in ("local_steps=4 ", "local_steps=16 ", ""))
+    defaults, base = (runs[f"{method} lr=0.003 nodes=4 procs_per_node=2 scaling=weak"]
+                      for method in ("flexdemo", "adamw"))
+    assert [run["flexdemo_config"]["local_steps"] for run in (four, sixteen, eight)] == [4, 16, 8]
+    assert _behind_at(four, eight) == _evaluations(eight)[1:] and _behind_at(sixteen, eight) == _evaluations(eight)
+    assert all(run["best_eval_loss"] == run["final_eval_loss"] for run in (four, sixteen))
+    spread = 100 * abs(runs[f"flexdemo lr=0.003 {key} seed=7"]["final_eval_loss"] / eight["final_eval_loss"] - 1)
+    margins = [100 * (run["final_eval_loss"] / eight["final_eval_loss"] - 1) for run in (four, sixteen)]
+    assert (f"the lengthened exchange in rounds of 4 ends {_gap(four, eight)} above rounds of 8 at twice the bits, and "
+            f"in rounds of 16 {_gap(sixteen, eight)} above them at half the bits, so rounds of 8 are its best measured "
+            f"length there.** `progress_scale=\"batch\"` at `outer_lr=1` and lr 3e-3 in rounds of 4 (at commit "
+            f"{_commit_of('sweep_nodes_weak', four)} from a clean tree, the same grid, AMD EPYC; "
+            f"{_bits_sent(four):.3g} bits per parameter and step) ends at {four['final_eval_loss']:.3f}, "
+            f"{_gap(four, base)} against AdamW-HSDP at 3e-3: ahead of rounds of 8 only at step 200 "
+            f"({_loss_at(four, 200):.3f} against {_loss_at(eight, 200):.3f}) and behind from step 400 on "
+            f"({_loss_at(four, 400):.3f} against {_loss_at(eight, 400):.3f}), with a training loss over the last 200 "
+            f"steps of {_tail(four):.3f} against {_tail(eight):.3f}. In rounds of 16 ({_bits_sent(sixteen):.3g} bits) "
+            f"it ends at {sixteen['final_eval_loss']:.3f}, {_gap(sixteen, base)} against AdamW-HSDP, behind rounds of "
+            f"8 at every evaluation ({_loss_at(sixteen, 200):.3f} against {_loss_at(eight, 200):.3f} at step 200), "
+            f"with a training loss over the last 200 steps of {_tail(sixteen):.3f} against {_tail(eight):.3f}; that is "
+            f"still {_gap(sixteen, defaults)} against the defaults ({_gap(defaults, base)} at "
+            f"{_bits_sent(defaults):.3g} bits), a slightly lower loss for half the bits.") in PROSE
+    assert (f"One seed each; the two margins are {margins[0] / spread:.1f} and {margins[1] / spread:.1f} times the "
+            f"spread of the two seeds in rounds of 8 ({spread:.2f} %).") in PROSE
+    assert _commit_of("sweep_nodes_weak", four) == _commit_of("sweep_nodes_weak", sixteen)
+
+
 def test_the_weak_scaling_gap_along_the_run_is_the_json():
     """"Weak scaling": the gap at every evaluation at 2, 4 and 8 nodes (seed 42, lr 3e-3) is pasted from the grids, and
     the reading quotes it at AdamW-HSDP's loss near 2.0, at the peaks and where AdamW-HSDP flattens."""
