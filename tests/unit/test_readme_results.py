@@ -407,8 +407,10 @@ def test_the_node_scaling_table_is_the_json():
 
 
 def _tail(run: dict) -> float:
-    """A 2,000-step run's mean logged training loss over its last 200 steps."""
-    return sum(x["loss"] for x in run["train_loss_curve"] if x["step"] > 1800) / 4
+    """A run's mean logged training loss over its last 200 steps."""
+    last = run["train_loss_curve"][-1]["step"]
+    window = [x["loss"] for x in run["train_loss_curve"] if x["step"] > last - 200]
+    return sum(window) / len(window)
 
 
 def _loss_at(run: dict, step: int) -> float:
