@@ -822,7 +822,8 @@ def test_progress_scaled_to_the_nodes_batch_at_8_weak_nodes_is_the_json():
     mean4 = sum(_lengthened_best_lr_gaps(runs, nodes=4)) / 2
     at4 = f"and cuts it at 4 ({mean4:+.2f} % on the mean of two seeds, against {_gap(defaults4, base4)} on one)"
     at_between = sum(_lengthened_best_lr_gaps(runs, "0.00424")) / 2
-    assert f"the gap at 8 such nodes {both}, two seeds; at lr 4.24e-3 {at_between:+.2f} %) {at4}; where" in README
+    assert f"the gap at 8 such nodes {both}, two seeds; at lr 4.24e-3 {at_between:+.2f} %, but " in README
+    assert f" over 1,000 steps, before the data run out) {at4}; where" in README
     assert (f"halves the gap at 8 nodes that each keep a 2-node batch {both} from AdamW-HSDP at its best lr, means of "
             f"two seeds) {at4}, but loses to the outer step's rule where each node steps on 8 sequences "
             f"({_gap(strong_scaled, _strong_adamw(8))} against {_gap(rule, _strong_adamw(8))}, one seed) and costs "
@@ -1168,6 +1169,66 @@ def test_adamw_hsdp_at_8_weak_nodes_between_its_two_lrs_is_the_json():
     assert (f"At AdamW-HSDP's own lr of 4.24e-3 the lengthened exchange is {same_lr[0]:+.2f} % and {same_lr[1]:+.2f} % "
             f"(best losses {same_lr_best[0]:+.2f} % and {same_lr_best[1]:+.2f} %), {sum(same_lr) / 2:+.2f} % on the "
             f"mean of two seeds; each method at its best measured lr it is {mean:+.2f} %.") in PROSE
+
+
+def test_8_weak_nodes_over_1000_steps_are_the_json():
+    """"Weak scaling": grid nodes_weak_long is one row per run; each method at the better of its two lrs over 1,000
+    steps at 8 weak nodes, the gap along the run, and the summary row and the README's progress_scale knob."""
+    data = result("sweep_nodes_weak_long")
+    runs = data["runs"]
+    assert not data["git_dirty"] and {i["git_commit"][:7] for i in data["invocations"]} == {data["git_commit"][:7]}
+    adamw = [run for run in runs.values() if run["method"] == "adamw"]
+    scaled = [run for run in runs.values() if run["method"] != "adamw"]
+    base, scaled_best = (min(group, key=lambda r: r["final_eval_loss"]) for group in (adamw, scaled))
+    other_base, other_scaled = (next(r for r in group if r is not best) for group, best in
+                                ((adamw, base), (scaled, scaled_best)))
+    for run in runs.values():
+        knobs = run["knobs"]
+        assert run["status"] == "ok" and (knobs["nodes"], knobs["procs_per_node"], knobs["scaling"]) == (8, 1, "weak")
+        assert run["curve"][-1]["step"] == _best_step(run) == 1000
+        if run["method"] == "adamw":
+            label, gap, bits = "AdamW-HSDP (fp32 reduce)", "–", "–"
+        else:
+            config = run["flexdemo_config"]
+            assert (config["progress_scale"], config["outer_lr"], config["local_steps"], config["outer_delay"]) == (
+                "batch", 1.0, 8, 1)
+            label, gap, bits = '`progress_scale="batch"`, `outer_lr=1`', _gap(run, base), f"{_bits_sent(run):.3g}"
+        assert (f"| {label} | {_written(run['lr'])} | {run['final_eval_loss']:.3f} | {run['best_eval_loss']:.3f} | "
+                f"{gap} | {bits} |") in PAGE.splitlines()
+    assert [run["lr"] for run in (base, scaled_best, other_base, other_scaled)] == [4.24e-3, 3e-3, 6e-3, 4.24e-3]
+    batch = base["training_args"]["per_device_train_batch_size"] * 8
+    along = _gaps_along(scaled_best, base)
+    narrowest, widest = min(along, key=along.get), max(along, key=along.get)
+    assert _behind_at(scaled_best, base) == _evaluations(base) and (narrowest, widest) == (200, 1000)
+    weak = result("sweep_nodes_weak")["runs"]
+    at2000 = sum(_lengthened_best_lr_gaps(weak, "0.00424")) / 2
+    at4 = sum(_lengthened_best_lr_gaps(weak, nodes=4)) / 2
+    gap = 100 * (scaled_best["final_eval_loss"] / base["final_eval_loss"] - 1)
+    assert gap > at4 > at2000
+    assert (f"**Over 1,000 steps at 8 weak nodes, as many passes over the data as 4 weak nodes take in 2,000, the "
+            f"lengthened exchange is {gap:+.2f} % behind AdamW-HSDP, each method at the better of its two lrs: the "
+            f"{at2000:+.2f} % over 2,000 steps comes where AdamW-HSDP runs out of data, and where it does not the "
+            f"8-node gap is larger than the 4-node one ({at4:+.2f} %).** `python benchmarks/sweep.py nodes_weak_long` "
+            f"(`benchmarks/results/sweep_nodes_weak_long.json`, at commit {data['git_commit'][:7]} from a clean tree, "
+            f"AMD EPYC) runs the 8 × 1 weak-scaling topology over 1,000 steps (`convergence.py --long`: "
+            f"{base['training_args']['warmup_steps']} warm-up steps, linear decay, an evaluation every "
+            f"{base['curve'][1]['step']} steps): {batch * 1000:,} sequences, "
+            f"{batch * 1000 / 29_000:.1f} passes over the data.") in PROSE
+    assert f"| vs AdamW-HSDP at {_written(base['lr'])}, final |" in PAGE
+    assert (f"Both methods do better at the lower of their two lrs: AdamW-HSDP at {_written(base['lr'])} ends "
+            f"{_gap(base, other_base)} against {_written(other_base['lr'])}, and the lengthened exchange at "
+            f"{_written(scaled_best['lr'])} {_gap(scaled_best, other_scaled)} against {_written(other_scaled['lr'])}. "
+            f"At {_written(scaled_best['lr'])} it is behind AdamW-HSDP at {_written(base['lr'])} at every evaluation: "
+            f"{along[100]:+.2f} % at step 100, {along[200]:+.2f} % at step 200 (its narrowest) and "
+            f"{along[1000]:+.2f} % at step 1,000 (its widest), with a training loss over the last 200 steps of "
+            f"{_tail(scaled_best):.3f} against {_tail(base):.3f}, so the gap is optimisation speed, as at 4 nodes. At "
+            f"the same lr of {_written(other_scaled['lr'])} it is {_gap(other_scaled, base)}. So where the data do not "
+            f"run out, issue 32's ≤ 4 % at 8 weak nodes is missed by {gap - 4:.2f} points") in PROSE
+    assert f"{_SCALED_SUMMARY} | " in PAGE and (
+        "| the same at 8 weak nodes over 1,000 steps (8.8 passes over the data, as 4 nodes over 2,000: AdamW-HSDP does "
+        f"not flatten), each method at the better of two lrs, one seed ([\"Weak scaling\"]"
+        f"(#weak-scaling-each-node-keeps-its-batch)) | {gap:+.2f} % | – |") in PAGE
+    assert f"at lr 4.24e-3 {at2000:+.2f} %, but {gap:+.2f} % over 1,000 steps, before the data run out)" in README
 
 
 def test_adamw_hsdp_at_8_weak_nodes_a_step_above_its_best_is_the_json():
