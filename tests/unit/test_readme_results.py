@@ -505,7 +505,7 @@ def _best_step(run: dict) -> int:
 
 def _behind_at(run: dict, reference: dict) -> list[int]:
     """The evaluation steps past step 0 at which run's validation loss is above reference's."""
-    return [c["step"] for c, ref in zip(run["curve"][1:], reference["curve"][1:]) if c["eval_loss"] > ref["eval_loss"]]
+    return [step for step, gap in _gaps_along(run, reference).items() if gap > 0]
 
 
 def test_the_outer_step_past_the_rule_at_8_nodes_is_the_json():
