@@ -1184,27 +1184,33 @@ def test_8_weak_nodes_over_1000_steps_are_the_json():
     data = result(name)
     runs = data["runs"]
     assert not data["git_dirty"] and not any(i["git_dirty"] for i in data["invocations"])
-    adamw, scaled = (sorted((run for run in runs.values() if run["method"] == method), key=lambda r: r["lr"])
-                     for method in ("adamw", "flexdemo"))
+    adamw, scaled = (sorted((run for run in runs.values() if run["method"] == method and "seed" not in run["knobs"]),
+                            key=lambda r: r["lr"]) for method in ("adamw", "flexdemo"))
     base, scaled_best = (min(group, key=lambda r: r["final_eval_loss"]) for group in (adamw, scaled))
     assert [run["lr"] for run in adamw] == [3e-3, 4.24e-3, 6e-3] and base is adamw[1]
     assert [run["lr"] for run in scaled] == [2.12e-3, 3e-3, 4.24e-3] and scaled_best is scaled[1]
-    first, lowest = _commit_of(name, adamw[-1]), _commit_of(name, adamw[0])
-    assert {_commit_of(name, run) for run in (*adamw[1:], *scaled[1:])} == {first} != {lowest} == {
-        _commit_of(name, scaled[0])}
+    key_of = {id(run): key for key, run in runs.items()}
+    base7, scaled7 = (runs[f"{key_of[id(run)]} seed=7"] for run in (base, scaled_best))
+    first, lowest, second = (_commit_of(name, run) for run in (adamw[-1], adamw[0], base7))
+    assert {_commit_of(name, run) for run in (*adamw[1:], *scaled[1:])} == {first}
+    assert {_commit_of(name, run) for run in (adamw[0], scaled[0])} == {lowest} and _commit_of(name, scaled7) == second
+    assert len({first, lowest, second}) == 3 and len(runs) == 8
     for run in runs.values():
         knobs = run["knobs"]
         assert run["status"] == "ok" and (knobs["nodes"], knobs["procs_per_node"], knobs["scaling"]) == (8, 1, "weak")
         assert run["curve"][-1]["step"] == _best_step(run) == 1000
+        seed = run["training_args"]["seed"]
+        assert seed == knobs.get("seed", 42)
         if run["method"] == "adamw":
             label, gap, bits = "AdamW-HSDP (fp32 reduce)", "–", "–"
         else:
             config = run["flexdemo_config"]
             assert (config["progress_scale"], config["outer_lr"], config["local_steps"], config["outer_delay"]) == (
                 "batch", 1.0, 8, 1)
-            label, gap, bits = '`progress_scale="batch"`, `outer_lr=1`', _gap(run, base), f"{_bits_sent(run):.3g}"
-        assert (f"| {label} | {_written(run['lr'])} | {run['final_eval_loss']:.3f} | {run['best_eval_loss']:.3f} | "
-                f"{gap} | {bits} |") in PAGE.splitlines()
+            label, bits = '`progress_scale="batch"`, `outer_lr=1`', f"{_bits_sent(run):.3g}"
+            gap = _gap(run, base7 if seed == 7 else base)
+        assert (f"| {label} | {_written(run['lr'])} | {seed} | {run['final_eval_loss']:.3f} | "
+                f"{run['best_eval_loss']:.3f} | {gap} | {bits} |") in PAGE.splitlines()
     batch = base["training_args"]["per_device_train_batch_size"] * 8
     along = _gaps_along(scaled_best, base)
     narrowest, widest = min(along, key=along.get), max(along, key=along.get)
@@ -1212,18 +1218,24 @@ def test_8_weak_nodes_over_1000_steps_are_the_json():
     weak = result("sweep_nodes_weak")["runs"]
     at2000 = _lengthened_headline(weak, 8)
     at4 = _lengthened_headline(weak, 4)
-    gap = 100 * (scaled_best["final_eval_loss"] / base["final_eval_loss"] - 1)
-    assert gap > at4 > at2000
+    gap, gap7 = (100 * (run["final_eval_loss"] / ref["final_eval_loss"] - 1)
+                 for run, ref in ((scaled_best, base), (scaled7, base7)))
+    mean = (gap + gap7) / 2
+    along7 = _gaps_along(scaled7, base7)
+    assert _behind_at(scaled7, base7) == _evaluations(base7) and (min(along7, key=along7.get),
+                                                                  max(along7, key=along7.get)) == (200, 1000)
+    assert mean > at4 > at2000
     assert (f"**Over 1,000 steps at 8 weak nodes, as many passes over the data as 4 weak nodes take in 2,000, the "
-            f"lengthened exchange is {gap:+.2f} % behind AdamW-HSDP, each method at its best of three lrs: the "
-            f"{at2000:+.2f} % over 2,000 steps comes where AdamW-HSDP runs out of data, and where it does not the "
-            f"8-node gap is larger than the 4-node one ({at4:+.2f} %).** `python benchmarks/sweep.py nodes_weak_long` "
-            f"(`benchmarks/results/sweep_nodes_weak_long.json`, each run with the commit it ran at, from clean trees, "
-            f"AMD EPYC: {first}, and {lowest} for each method's lowest lr) runs the 8 × 1 weak-scaling topology over "
-            f"1,000 steps (`convergence.py --long`: {base['training_args']['warmup_steps']} warm-up steps, linear "
-            f"decay, an evaluation every {base['curve'][1]['step']} steps): {batch * 1000:,} sequences, "
-            f"{batch * 1000 / 29_000:.1f} passes over the data.") in PROSE
-    assert f"| vs AdamW-HSDP at {_written(base['lr'])}, final |" in PAGE
+            f"lengthened exchange is {mean:+.2f} % behind AdamW-HSDP on the mean of two seeds, each method at its best "
+            f"of three lrs: the {at2000:+.2f} % over 2,000 steps comes where AdamW-HSDP runs out of data, and where it "
+            f"does not the 8-node gap is larger than the 4-node one ({at4:+.2f} %).** `python benchmarks/sweep.py "
+            f"nodes_weak_long` (`benchmarks/results/sweep_nodes_weak_long.json`, each run with the commit it ran at, "
+            f"from clean trees, AMD EPYC: {first}, {lowest} for each method's lowest lr and {second} for seed 7) runs "
+            f"the 8 × 1 weak-scaling topology over 1,000 steps (`convergence.py --long`: "
+            f"{base['training_args']['warmup_steps']} warm-up steps, linear decay, an evaluation every "
+            f"{base['curve'][1]['step']} steps): {batch * 1000:,} sequences, {batch * 1000 / 29_000:.1f} passes over "
+            f"the data.") in PROSE
+    assert f"| vs AdamW-HSDP at {_written(base['lr'])} of the same seed, final |" in PAGE
     assert (f"Each method's best lr lies between two it beats: AdamW-HSDP is best at {_written(base['lr'])}, with "
             f"{_written(adamw[0]['lr'])} {_gap(adamw[0], base)} and {_written(adamw[2]['lr'])} {_gap(adamw[2], base)} "
             f"above it, and the lengthened exchange at {_written(scaled_best['lr'])}, with "
@@ -1232,13 +1244,17 @@ def test_8_weak_nodes_over_1000_steps_are_the_json():
             f"{_written(base['lr'])} at every evaluation: {along[100]:+.2f} % at step 100, {along[200]:+.2f} % at "
             f"step 200 (its narrowest) and {along[1000]:+.2f} % at step 1,000 (its widest), with a training loss over "
             f"the last 200 steps of {_tail(scaled_best):.3f} against {_tail(base):.3f}, so the gap is optimisation "
-            f"speed, as at 4 nodes. At the same lr of {_written(base['lr'])} it is {_gap(scaled[2], base)}. So where "
-            f"the data do not run out, issue 32's ≤ 4 % at 8 weak nodes is missed by {gap - 4:.2f} points") in PROSE
+            f"speed, as at 4 nodes. At the same lr of {_written(base['lr'])} it is {_gap(scaled[2], base)}. With seed "
+            f"7 AdamW-HSDP ends at {base7['final_eval_loss']:.3f} and the lengthened exchange at "
+            f"{scaled7['final_eval_loss']:.3f}, {gap7:+.2f} %, again behind at every evaluation, narrowest at step 200 "
+            f"({along7[200]:+.2f} %) and widest at step 1,000. On the mean of two seeds, {abs(gap - gap7):.2f} points "
+            f"apart, the gap is {mean:+.2f} %: where the data do not run out, issue 32's ≤ 4 % at 8 weak nodes is "
+            f"missed by {mean - 4:.2f} points") in PROSE
     assert f"{_SCALED_SUMMARY} | " in PAGE and (
         "| the same at 8 weak nodes over 1,000 steps (8.8 passes over the data, as 4 nodes over 2,000: AdamW-HSDP does "
-        f"not flatten), each method at its best of three lrs, one seed ([\"Weak scaling\"]"
-        f"(#weak-scaling-each-node-keeps-its-batch)) | {gap:+.2f} % | – |") in PAGE
-    assert f"at lr 4.24e-3 {at2000:+.2f} %, but {gap:+.2f} % over 1,000 steps, before the data run out)" in README
+        f"not flatten), each method at its best of three lrs, mean of two seeds ([\"Weak scaling\"]"
+        f"(#weak-scaling-each-node-keeps-its-batch)) | {mean:+.2f} % | – |") in PAGE
+    assert f"at lr 4.24e-3 {at2000:+.2f} %, but {mean:+.2f} % over 1,000 steps, before the data run out)" in README
 
 
 def test_adamw_hsdp_at_8_weak_nodes_a_step_above_its_best_is_the_json():
