@@ -683,13 +683,13 @@ def test_the_weak_scaling_second_seed_is_the_json():
             f"{_tail(best):.3f})") in PROSE
 
 
-def _dense_step_wise(scaling: str) -> tuple[dict, dict]:
-    """Grid nodes_{scaling}_step_wise's one run (the step-wise rule without compression at 8 nodes, from a clean tree
-    on the AMD EPYC) and its invocation."""
+def _dense_step_wise(scaling: str, nodes: int = 8) -> tuple[dict, dict]:
+    """Grid nodes_{scaling}_step_wise's run on ``nodes`` nodes (the step-wise rule without compression, 8 processes,
+    from a clean tree on the AMD EPYC) and its invocation."""
     data = result(f"sweep_nodes_{scaling}_step_wise")
-    (key, dense), = data["runs"].items()
+    (key, dense), = ((key, run) for key, run in data["runs"].items() if run["knobs"]["nodes"] == nodes)
     config, invocation = dense["flexdemo_config"], data["invocations"][dense["invocation"]]
-    assert dense["status"] == "ok" and dense["lr"] == 3e-3 and dense["knobs"]["nodes"] == 8, key
+    assert dense["status"] == "ok" and dense["lr"] == 3e-3 and dense["knobs"]["procs_per_node"] == 8 // nodes, key
     assert dense["knobs"]["scaling"] == scaling, key
     assert (config["local_steps"], config["replicator"], config["value_dtype"]) == (1, "full", "float32")
     assert (config["momentum"], config["update"]) == ("adam", "sgd")
@@ -716,6 +716,41 @@ def test_the_weak_scaling_cause_is_the_json():
             f"default outer step of 2 is {gap2:+.2f} % and ahead of it at every evaluation") in PROSE
     assert (f"the rounds and their compression cost {gap1 - gap:.2f} points and the normalisation before the mean "
             f"costs {gap:.2f}; the default outer step takes back {gap1 - gap2:.2f} points") in PROSE
+
+
+def test_the_normalisation_cost_at_4_weak_nodes_is_the_json():
+    """"Weak scaling": the dense step-wise rule at 4 weak nodes against AdamW-HSDP, the defaults and the lengthened
+    exchange at the same lr, along the run, and what the lengthening takes back."""
+    dense, invocation = _dense_step_wise("weak", nodes=4)
+    runs = result("sweep_nodes_weak")["runs"]
+    base, defaults, scaled = (runs[f"{run} nodes=4 {knobs}procs_per_node=2 {more}scaling=weak"]
+                              for run, knobs, more in (("adamw lr=0.003", "", ""), ("flexdemo lr=0.003", "", ""),
+                                                       ("flexdemo lr=0.003", "outer_lr=1 ", "progress_scale=batch ")))
+    assert defaults["flexdemo_config"]["outer_lr"] is None and not _behind_at(defaults, dense)
+    gap, gap_defaults, gap_scaled = (100 * (r["final_eval_loss"] / base["final_eval_loss"] - 1)
+                                     for r in (dense, defaults, scaled))
+    along, versus = _gaps_along(dense, base), _gaps_along(scaled, dense)
+    steps = _evaluations(base)
+    assert f"{along[200]:.2f}" == f"{along[400]:.2f}" and all(along[a] < along[b] for a, b in zip(steps[1:], steps[2:]))
+    early = [step for step in steps if step <= 1000]
+    assert _behind_at(scaled, dense) == [step for step in early if versus[step] > 0] and [
+        step for step in steps if versus[step] < 0 and step > 1000] == steps[len(early):]
+    assert (f"**At 4 weak nodes the normalisation before the mean costs {gap:.2f} points, and the lengthening takes "
+            f"back {gap - gap_scaled:.2f} of them: the {gap_scaled:+.2f} % left is inside what the normalisation "
+            f"costs.** `python benchmarks/sweep.py nodes_weak_step_wise` "
+            f"(`benchmarks/results/sweep_nodes_weak_step_wise.json`, at commit {invocation['git_commit'][:7]} from a "
+            f"clean tree, AMD EPYC)") in PROSE
+    assert (f"each normalised by its own node's moments of its 32 sequences ({_bits_sent(dense):.1f} bits per "
+            f"parameter and step), with no rounds and no compression. It ends at {dense['final_eval_loss']:.3f}, "
+            f"**{gap:+.2f} %** against AdamW-HSDP at 3e-3: {along[200]:+.2f} % at steps 200 and 400, then wider at "
+            f"every evaluation after ({along[1000]:+.2f} % at step 1,000), with a training loss over the last 200 "
+            f"steps of {_tail(dense):.3f} against {_tail(base):.3f}. The defaults' rounds at their outer step of 1.41 "
+            f"({gap_defaults:+.2f} %) are ahead of it at every evaluation. The lengthened exchange at the same lr "
+            f"({gap_scaled:+.2f} %) stays within {max(abs(versus[step]) for step in early):.2f} % of it up to step "
+            f"1,000 (behind at steps {', '.join(map(str, _behind_at(scaled, dense)[:-1]))} and 1,000) and is ahead "
+            f"from step 1,200 on, by {-versus[2000]:.2f} % at step 2,000, with a training loss over the last 200 steps "
+            f"of {_tail(scaled):.3f}.") in PROSE
+    assert f"the lengthening takes back {gap - gap_scaled:.2f} of its {gap:.2f} points, all of them after step" in PROSE
 
 
 def test_the_strong_scaling_cause_is_the_json():
