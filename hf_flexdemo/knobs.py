@@ -167,6 +167,13 @@ KNOBS: tuple[Knob, ...] = (
          "sqrt(R v / (v + (R - 1) s)) times, in [1, sqrt(R)], from the node's second moment v and the signal's s, "
          "estimated from the products of its consecutive gradients. The node's own path is unchanged; 12 more bytes "
          "of optimizer state per parameter.", modes=LOCAL, policy="outer", field="progress_scale"),
+    Knob("progress_scale_decay", None, float | None, "progress_scale='batch': the decay of the EMAs its signal "
+         "estimate reads (of consecutive gradients' products, and of squares). None (the default): the inner AdamW's "
+         "beta2, whose second moment it shares, so the factor is the ratio of the two AdamW steps' denominators; a "
+         "float keeps its own EMA of squares (4 more bytes of optimizer state per parameter) and follows the signal's "
+         "current share with a memory of about 1 / (1 - decay) steps.", modes=LOCAL, policy="outer",
+         field="progress_scale_decay", ok=lambda v: v is None or (_number(v) and 0.0 < v < 1.0),
+         accepted="None (the inner AdamW's beta2) or a float in (0, 1)"),
     Knob("outer_delay", None, int | None, "Streamed (overlap='delayed'): the inner steps a round's exchange travels "
          "during before it moves the anchor (Streaming DiLoCo's tau); the progress of those steps enters error "
          "feedback, so replicas restart from one anchor and nothing is lost. None (the default): until the next "
@@ -499,6 +506,10 @@ def _check_no_effect(knobs: Mapping[str, Any]) -> None:
         check(False, "outer_delay", knobs["outer_delay"], f"{DEFAULTS['outer_delay']!r} (the default) or 1 with "
               "overlap='none': each round's exchange is waited for in step(), and outer_delay is how many inner steps "
               "a streamed one travels; set overlap='delayed' (or 'auto') to stream")
+    if knobs.get("progress_scale_decay") is not None and knobs.get("progress_scale") not in (None, "batch"):
+        check(False, "progress_scale_decay", knobs["progress_scale_decay"], "None (the default) with progress_scale="
+              f"{knobs['progress_scale']!r}: it is the memory of the estimate progress_scale='batch' lengthens by; set "
+              "progress_scale='batch' to use it")
     if "budget_bytes" in knobs and "budget_fraction" in knobs and knobs["budget_bytes"] is None \
             and knobs["budget_fraction"] is None:
         for name in ("budget_min_rate", "budget_max_rate"):

@@ -122,7 +122,8 @@ class LocalSteps(Mode):
         self.streaming = optimizer.options["overlap"] == "delayed"
         self.delay = optimizer.options["outer_delay"]
         self.fragments = optimizer.options["outer_fragments"]
-        self.scale = progress_scale.for_option(optimizer.options["progress_scale"], optimizer.replicate.size)
+        self.scale = progress_scale.for_option(optimizer.options["progress_scale"], optimizer.replicate.size,
+                                               optimizer.options["progress_scale_decay"])
         self.slot = self.every // self.fragments  # steps between two fragments' round ends
         self.members: list[list[Tensor]] = [[] for _ in range(self.fragments)]  # each fragment's parameters
         self.synced = False  # finish() or adopt() left every replica at the anchor, until the next step

@@ -10,7 +10,11 @@ the round's pseudo-gradient multiplied, per element, by
     f = sqrt(R v / (v + (R - 1) s)),   in [1, sqrt(R)],
 
 with ``v`` and ``s`` bias-corrected. ``s`` comes from the node's own gradients: consecutive steps' batches are
-independent, so ``E[g_t * g_{t-1}] = s``, averaged by an EMA of ``beta2`` as ``v`` is and clipped to ``[0, v]``.
+independent, so ``E[g_t * g_{t-1}] = s``, averaged by an EMA and clipped to ``[0, v]``. By default that EMA's decay is
+the inner AdamW's ``beta2`` and ``v`` is its second moment: then ``f`` is the ratio of the two AdamW steps'
+denominators, each an EMA of ``beta2``. ``progress_scale_decay`` gives the estimate a memory of its own: the products
+and ``v`` are then EMAs of that decay, ``v`` one more state tensor (:data:`SQUARES`), so ``f`` follows the signal's
+current share.
 
 The node's own path stays its AdamW's. The difference, ``(f - 1)`` times each step's displacement, accumulates in
 ``extra_progress`` until the replica restarts from the anchor, and the exchange counts the replica as being at
@@ -30,15 +34,15 @@ from torch import Tensor
 
 from .plan import Stack, local_shard
 
-PREV, LAG, EXTRA = "prev_grad", "lag_product", "extra_progress"
-KEYS = (PREV, LAG, EXTRA)
+PREV, LAG, EXTRA, SQUARES = "prev_grad", "lag_product", "extra_progress", "grad_square"
+KEYS = (PREV, LAG, EXTRA, SQUARES)  # SQUARES only with a decay of the estimate's own
 PER_NODE = (PREV, LAG)  # each node's own gradients, as the inner moments
 
 
-def new_state(state: dict[str, Any], shard: Tensor) -> dict[str, Any]:
-    """``state`` with the last gradient, the EMA of consecutive gradients' products and the extra progress (float32,
-    zero) added where missing."""
-    for key in KEYS:
+def new_state(state: dict[str, Any], shard: Tensor, keys: tuple[str, ...] = (PREV, LAG, EXTRA)) -> dict[str, Any]:
+    """``state`` with ``keys`` (float32, zero) added where missing: by default the last gradient, the EMA of
+    consecutive gradients' products and the extra progress."""
+    for key in keys:
         if key not in state:
             state[key] = torch.zeros_like(shard, dtype=torch.float32)
     return state
@@ -59,30 +63,37 @@ def length_factors(v: list[Tensor], s: list[Tensor], nodes: int) -> list[Tensor]
     return f
 
 
-def accumulate(stacks: list[Stack], nodes: int) -> None:
-    """After the inner AdamW step: update the products' EMA with this step's gradient and add ``(f - 1)`` times the
+def accumulate(stacks: list[Stack], nodes: int, decay: float | None = None) -> None:
+    """After the inner AdamW step: update the estimate's EMAs with this step's gradient and add ``(f - 1)`` times the
     step's displacement to ``extra_progress``, for every shard with a gradient (foreach, one pass per stack and step
-    count)."""
+    count). ``decay``: the EMAs' (None: the inner AdamW's ``beta2``, whose second moment is ``v``)."""
     for stack in stacks:
         by_step: dict[int, list[tuple[Tensor, dict[str, Any]]]] = {}
         for p, state in zip(stack.params, stack.states):
             if p.grad is not None:  # the step count is on the host, as torch's AdamW keeps it
                 by_step.setdefault(int(state["step"].item()), []).append((local_shard(p.grad).float(), state))
         for t, items in by_step.items():
-            _accumulate([grad for grad, _ in items], [state for _, state in items], stack.group, t, nodes)
+            _accumulate([grad for grad, _ in items], [state for _, state in items], stack.group, t, nodes, decay)
 
 
-def _accumulate(grads: list[Tensor], states: list[dict[str, Any]], group: dict[str, Any], t: int, nodes: int) -> None:
+def _accumulate(grads: list[Tensor], states: list[dict[str, Any]], group: dict[str, Any], t: int, nodes: int,
+                decay: float | None) -> None:
     beta1, beta2 = group["betas"]
     prev, lag, extra = ([state[key] for state in states] for key in (PREV, LAG, EXTRA))
+    beta = beta2 if decay is None else decay
+    if decay is not None:  # the estimate's own second moment, as AdamW keeps its
+        squares = [state[SQUARES] for state in states]
+        torch._foreach_mul_(squares, decay)
+        torch._foreach_addcmul_(squares, grads, grads, value=1 - decay)
     if t >= 2:
-        torch._foreach_mul_(lag, beta2)
-        torch._foreach_addcmul_(lag, grads, prev, value=1 - beta2)
+        torch._foreach_mul_(lag, beta)
+        torch._foreach_addcmul_(lag, grads, prev, value=1 - beta)
     torch._foreach_copy_(prev, grads)
     if t < 2:
         return
     v = torch._foreach_div([state["exp_avg_sq"].float() for state in states], 1 - beta2**t)
-    f = length_factors(v, torch._foreach_div(lag, 1 - beta2 ** (t - 1)), nodes)
+    own = v if decay is None else torch._foreach_div(squares, 1 - decay**t)
+    f = length_factors(own, torch._foreach_div(lag, 1 - beta ** (t - 1)), nodes)
     torch._foreach_sqrt_(v)
     torch._foreach_add_(v, group["eps"])
     displacement = torch._foreach_div([state["exp_avg"].float() for state in states], 1 - beta1**t)
@@ -124,18 +135,18 @@ class Unscaled:
 
 
 class BatchScaled(Unscaled):
-    """``progress_scale="batch"`` among ``nodes`` nodes (the module docstring)."""
+    """``progress_scale="batch"`` among ``nodes`` nodes, its estimate's EMAs of ``decay`` (None: the inner AdamW's
+    ``beta2``; the module docstring)."""
 
-    per_node = PER_NODE
-
-    def __init__(self, nodes: int) -> None:
-        self.nodes = nodes
+    def __init__(self, nodes: int, decay: float | None = None) -> None:
+        self.nodes, self.decay = nodes, decay
+        self.per_node = PER_NODE if decay is None else (*PER_NODE, SQUARES)
 
     def new_state(self, state: dict[str, Any], shard: Tensor) -> dict[str, Any]:
-        return new_state(state, shard)
+        return new_state(state, shard, (*self.per_node, EXTRA))
 
     def after_inner(self, stacks: list[Stack]) -> None:
-        accumulate(stacks, self.nodes)
+        accumulate(stacks, self.nodes, self.decay)
 
     def positions(self, stack: Stack) -> list[Tensor]:
         return positions(stack)
@@ -144,6 +155,6 @@ class BatchScaled(Unscaled):
         restart(stacks)
 
 
-def for_option(value: Literal["none", "batch"], nodes: int) -> Unscaled:
-    """The object for ``progress_scale=value`` among ``nodes`` nodes."""
-    return BatchScaled(nodes) if value == "batch" else Unscaled()
+def for_option(value: Literal["none", "batch"], nodes: int, decay: float | None = None) -> Unscaled:
+    """The object for ``progress_scale=value`` among ``nodes`` nodes (``decay``: ``progress_scale_decay``)."""
+    return BatchScaled(nodes, decay) if value == "batch" else Unscaled()

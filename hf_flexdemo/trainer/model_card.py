@@ -74,8 +74,10 @@ def training_mode(config: FlexDeMoConfig, replicas: int, fragments: int | None =
     streaming = (f", streamed: it lands {config.outer_delay} inner step(s) after it starts{staggered}"
                  if config.overlap == "delayed" else "")
     selected = "DCT coefficients" if config.compression_transform == "dct" else "values"
-    scaled = (", each node's progress lengthened per element to the nodes' batch" if config.progress_scale == "batch"
-              else "")
+    memory = ("" if config.progress_scale_decay is None
+              else f" by an estimate of decay {config.progress_scale_decay:g}")
+    scaled = (f", each node's progress lengthened per element to the nodes' batch{memory}"
+              if config.progress_scale == "batch" else "")
     outer_lr = knobs.resolve_outer_lr(config.outer_lr if outer_lr is None else outer_lr, replicas, config.replicator)
     return (f"local steps: {config.local_steps} AdamW steps per node, then a compressed pseudo-gradient "
             f"exchange (top-k of its {selected}{scaled}, {outer}, outer lr {outer_lr:g}{streaming})")

@@ -21,7 +21,8 @@ from hf_flexdemo.wire.replicators import exchange_bytes
 LEADER = ",replicator=leader"  # the exchange whose received bytes are flat in R: one all-reduce of codes
 OWNER = ",replicator=owner"  # flat in R with each node's own top-k: one all-to-all to the blocks' owners
 SCALED = ",progress_scale=batch"  # each node's progress lengthened to the nodes' batch
-CASES = ["averaging", f"averaging{SCALED}", "habits,topology=2x2,value_dtype=int2",
+OWN_MEMORY = f"{SCALED},progress_scale_decay=0.9"  # ... by an estimate with a memory of its own
+CASES = ["averaging", f"averaging{SCALED}", f"averaging{OWN_MEMORY}", "habits,topology=2x2,value_dtype=int2",
          "habits,topology=4x1,value_dtype=int4,local_steps=2",
          "habits,topology=2x2,value_dtype=int2,overlap=delayed", "resume,value_dtype=int4",
          "resume,value_dtype=int4,overlap=delayed,outer_delay=2", "nonfinite,bad=3", "nonfinite,bad=4",
@@ -32,7 +33,7 @@ CASES = ["averaging", f"averaging{SCALED}", "habits,topology=2x2,value_dtype=int
          f"resume,value_dtype=int2,overlap=delayed,outer_delay=2{OWNER}", f"resume,value_dtype=int2{OWNER}",
          f"finals{OWNER}", "finals", f"lean{OWNER}", f"lean,overlap=delayed{OWNER}",
          f"habits,topology=2x2,value_dtype=int2{SCALED}", f"resume,value_dtype=int4{SCALED}",
-         f"resume,value_dtype=int4,overlap=delayed,outer_delay=2{SCALED}"]
+         f"resume,value_dtype=int4,overlap=delayed,outer_delay=2{SCALED}", f"resume,value_dtype=int4{OWN_MEMORY}"]
 INDICES = ",rate=0.0625"  # 4 of each 8 x 8 block: packed indices
 CASES8 = [f"habits,topology=2x4,value_dtype=int2{INDICES}",
           f"habits,topology=4x2,value_dtype=int2,overlap=delayed{INDICES}",
@@ -79,7 +80,7 @@ def suite(request):
     return request.getfixturevalue("suite8" if case in CASES8 else "suite4")
 
 
-@pytest.mark.parametrize("case", ["averaging", f"averaging{SCALED}"])
+@pytest.mark.parametrize("case", ["averaging", f"averaging{SCALED}", f"averaging{OWN_MEMORY}"])
 def test_full_replicator_with_outer_sgd_is_periodic_averaging(suite, case):
     """The dense limit, against float64 references of periodic averaging (progress_scale="batch": of where the
     replicas are counted, each one's parameters plus its extra progress)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -217,6 +218,11 @@ def test_the_model_card_names_the_mode():
     assert training_mode(FlexDeMoConfig(outer_fragments=1), 2).endswith(
         "outer lr 1, streamed: it lands 2 inner step(s) after it starts)")
     assert "Nesterov outer momentum 0.9" in training_mode(FlexDeMoConfig(local_steps=8, outer_momentum=0.9), 2)
+    scaled = FlexDeMoConfig(overlap="none", progress_scale="batch")
+    assert "(top-k of its values, each node's progress lengthened per element to the nodes' batch, plain" in (
+        training_mode(scaled, 2))
+    assert "nodes' batch by an estimate of decay 0.99, plain" in training_mode(
+        dataclasses.replace(scaled, progress_scale_decay=0.99), 2)
     assert "lands 1 inner step(s) after" in training_mode(FlexDeMoConfig(local_steps=8, overlap="delayed",
                                                                           outer_delay=1), 2)
     # the outer lr's default follows the nodes: sqrt(R / 2), at least 1

@@ -101,6 +101,7 @@ def test_the_optimizer_does_not_branch_on_a_replicator_name():
     ("compression_transform", "fft", "dct | none"),
     ("on_drift", "ignore", "raise | resync | tolerate"),
     ("drift_tolerance", 0, "a float > 0"),
+    ("progress_scale_decay", 1.0, r"None \(the inner AdamW's beta2\) or a float in \(0, 1\)"),
 ])
 def test_one_validation_names_field_value_and_accepted_values(field, value, accepted):
     for build in (lambda: FlexDeMoConfig(**{field: value}), lambda: knobs.validate({field: value})):

@@ -25,21 +25,31 @@ def loss64(model, step: int, rank: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def lengthen(adamw: torch.optim.AdamW, extra: list[torch.Tensor], stats: list[dict], *, nodes: int) -> None:
+def lengthen(adamw: torch.optim.AdamW, extra: list[torch.Tensor], stats: list[dict], *, nodes: int,
+             decay: float | None) -> None:
     """progress_scale="batch" on a reference replica after its AdamW step, in float64: AdamW's displacement times
-    (f - 1) joins ``extra``, f = sqrt(R v / (v + (R - 1) s)), s the EMA of consecutive gradients' products in [0, v]."""
+    (f - 1) joins ``extra``, f = sqrt(R w / (w + (R - 1) s)), s the EMA of consecutive gradients' products in [0, w]
+    and w AdamW's second moment, or with ``decay`` both EMAs of that decay."""
     (beta1, beta2), eps, lr = adamw.defaults["betas"], adamw.defaults["eps"], adamw.defaults["lr"]
+    beta = beta2 if decay is None else decay
     for p, more, kept in zip(adamw.param_groups[0]["params"], extra, stats):
         state, t = adamw.state[p], int(adamw.state[p]["step"])
+        kept["sq"] = beta * kept["sq"] + (1 - beta) * p.grad * p.grad
         if t >= 2:
-            kept["lag"] = beta2 * kept["lag"] + (1 - beta2) * p.grad * kept["prev"]
+            kept["lag"] = beta * kept["lag"] + (1 - beta) * p.grad * kept["prev"]
         kept["prev"] = p.grad.clone()
         if t < 2:
             continue
         v = state["exp_avg_sq"] / (1 - beta2**t)
-        s = torch.minimum((kept["lag"] / (1 - beta2 ** (t - 1))).clamp(min=0), v)
-        f = torch.sqrt(nodes * v / (v + (nodes - 1) * s))
+        w = v if decay is None else kept["sq"] / (1 - decay**t)
+        s = torch.minimum((kept["lag"] / (1 - beta ** (t - 1))).clamp(min=0), w)
+        f = torch.sqrt(nodes * w / (w + (nodes - 1) * s))
         more -= lr * (f - 1) * (state["exp_avg"] / (1 - beta1**t)) / (v.sqrt() + eps)
+
+
+def decay_of(args) -> float | None:
+    """The case's ``progress_scale_decay`` ("none": None)."""
+    return None if args.progress_scale_decay == "none" else float(args.progress_scale_decay)
 
 
 def case_averaging(args) -> dict:
@@ -57,10 +67,11 @@ def case_averaging(args) -> dict:
     lr, wd = 0.05, 0.1
     opt = FlexDeMo(model.parameters(), lr=lr, weight_decay=wd, replicate_group=mesh["dp_replicate"].get_group(),
                    local_steps=rounds, overlap="none", compression=CompressionPolicy(replicator="full"),
-                   guards=GuardPolicy(drift_check_every=1), outer=OuterPolicy(progress_scale=args.progress_scale))
+                   guards=GuardPolicy(drift_check_every=1), outer=OuterPolicy(progress_scale=args.progress_scale,
+                                     progress_scale_decay=decay_of(args)))
     inner = [torch.optim.AdamW(r.parameters(), lr=lr, weight_decay=wd) for r in replicas]
     extra = [[torch.zeros_like(p) for p in r.parameters()] for r in replicas]  # progress_scale="batch"'s
-    stats = [[{"prev": torch.zeros_like(p), "lag": torch.zeros_like(p)} for p in r.parameters()] for r in replicas]
+    stats = [[dict.fromkeys(("prev", "lag", "sq"), torch.zeros_like(p)) for p in r.parameters()] for r in replicas]
     for step in range(steps):
         mlp_loss(model, step, dist.get_rank()).backward()
         opt.step()
@@ -71,7 +82,7 @@ def case_averaging(args) -> dict:
                 (loss64(replica, step, rank) / len(ranks)).backward()
             adamw.step()
             if args.progress_scale == "batch":
-                lengthen(adamw, more, kept, nodes=len(NODES))
+                lengthen(adamw, more, kept, nodes=len(NODES), decay=decay_of(args))
         if (step + 1) % rounds == 0:
             with torch.no_grad():
                 for ps, mores in zip(zip(*(r.parameters() for r in replicas)), zip(*extra)):
@@ -133,6 +144,7 @@ def case_resume(args) -> dict:
                   outer_lr=0.7, outer_momentum=0.9,
                   compression_rate=float(args.rate), compression_chunk=8, overlap=args.overlap,
                   outer_delay=int(args.outer_delay), progress_scale=args.progress_scale,
+                  progress_scale_decay=decay_of(args),
                   drift_check_every=1)  # the exact check, wherever replicas agree (streaming: in the landing step)
 
     def train(model, opt, steps):
@@ -236,4 +248,4 @@ def case_nonfinite(args) -> dict:
 if __name__ == "__main__":
     main(globals(), {"steps": "6", "local_steps": "3", "topology": "2x2", "value_dtype": "int2", "overlap": "none",
                      "outer_delay": "1", "bad": "5", "rate": "0.25", "replicator": "demo",
-                     "progress_scale": "none"})
+                     "progress_scale": "none", "progress_scale_decay": "none"})
