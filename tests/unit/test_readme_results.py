@@ -108,7 +108,7 @@ def test_the_overlap_table_is_the_json():
                              ("flexdemo lr=0.003 overlap=delayed", "delayed", "3e-3"),
                              ("flexdemo lr=0.001 overlap=delayed", "delayed", "1e-3")):
         loss = data["runs"][key]["curve"][-1]["eval_loss"]
-        row = f"| {loss:.3f} | {100 * (loss / adamw - 1):+.2f} % |"
+        row = f"| {loss:.3f} | {_percent(loss, adamw):+.2f} % |"
         assert any(line.startswith(f"| `overlap=\"{overlap}\"`") and f"lr {lr} |" in line and line.endswith(row)
                    for line in PAGE.splitlines()), key
 
@@ -193,7 +193,7 @@ def test_the_local_steps_table_is_the_json():
         loss, per_step = run["curve"][-1]["eval_loss"], run["bytes_sent"]["per_step"]
         bytes_cell = f"{per_step:.4g}".replace("e+0", "e")
         cells = (f"| {knobs['value_dtype']} | {knobs.get('compression_transform', 'dct')} |",
-                 f"| {knobs.get('seed', 42)} | {cpu(run)} | {loss:.3f} | {100 * (loss / base_loss - 1):+.2f} % | "
+                 f"| {knobs.get('seed', 42)} | {cpu(run)} | {loss:.3f} | {_percent(loss, base_loss):+.2f} % | "
                  f"{bytes_cell} | {base_bytes / 2 / per_step:.1f} | {base_bytes / per_step:.1f} |")
         assert any(line.startswith(f"| {knobs['local_steps']}") and all(c in line for c in cells) for line in rows), \
             cells
@@ -209,7 +209,7 @@ def test_the_local_steps_1000_step_table_is_the_json():
                                                  (4, "delayed", 4, "dct"), (8, "delayed", 4, "dct"),
                                                  (8, "delayed", 4, "none")):
         losses = [final["flexdemo", steps, overlap, fragments, transform, seed] for seed in (42, 7)]
-        gaps = [100 * (loss / final["adamw", 1, "none", 1, "dct", seed] - 1) for loss, seed in zip(losses, (42, 7))]
+        gaps = [_percent(loss, final["adamw", 1, "none", 1, "dct", seed]) for loss, seed in zip(losses, (42, 7))]
         row = (f"| {losses[0]:.3f} | {losses[1]:.3f} | {gaps[0]:+.2f} % | {gaps[1]:+.2f} % | "
                f"**{sum(gaps) / 2:+.2f} %** |")
         assert row in PAGE, (overlap, fragments)
@@ -400,7 +400,7 @@ def test_the_node_scaling_table_is_the_json():
             label = "AdamW-HSDP (fp32 reduce)" + ("" if seed == 42 else f", seed {seed}")
             cells = f"| {nodes} × {procs} | {label} | {run['final_eval_loss']:.3f} | – | – |"
         else:
-            gap = 100 * (run["final_eval_loss"] / adamw[topology(run)] - 1)
+            gap = _percent(run["final_eval_loss"], adamw[topology(run)])
             bits = _bits_sent(run)
             cells = f"| {run['final_eval_loss']:.3f} | {gap:+.2f} % | {bits:.3g} |"
         assert sum(line.startswith(f"| {nodes} × {procs} |") and line.endswith(cells) for line in lines) == 1, key
@@ -418,9 +418,14 @@ def _loss_at(run: dict, step: int) -> float:
     return next(c["eval_loss"] for c in run["curve"] if c["step"] == step)
 
 
+def _percent(value: float, reference: float) -> float:
+    """value against reference, in percent: the number behind every gap the page writes."""
+    return 100 * (value / reference - 1)
+
+
 def _gap(run: dict, reference: dict, field: str = "final_eval_loss") -> str:
     """run's ``field`` against reference's as the page writes a gap: +1.03 %."""
-    return f"{100 * (run[field] / reference[field] - 1):+.2f} %"
+    return f"{_percent(run[field], reference[field]):+.2f} %"
 
 
 def _commit_of(name: str, run: dict) -> str:
@@ -463,7 +468,7 @@ def _weak_adamw(runs: dict, seed: int = 42, lr: str | None = None) -> dict:
 
 def _best_lr_gap(runs: dict, seed: int) -> float:
     """The 8-weak-node gap of ``seed``, each method at its best lr, in percent."""
-    return 100 * (_weak_defaults(runs, seed)["final_eval_loss"] / _best_adamw(runs, 8, seed)["final_eval_loss"] - 1)
+    return _percent(_weak_defaults(runs, seed)["final_eval_loss"], _best_adamw(runs, 8, seed)["final_eval_loss"])
 
 
 def _two_seeds_best_lr_gap(runs: dict) -> float:
@@ -481,8 +486,8 @@ def _lengthened_best_lr_gaps(runs: dict, lr: str = "0.003", field: str = "final_
     """progress_scale="batch" on ``nodes`` weak nodes (8 x 1 or 4 x 2; outer_lr=1, at ``lr``) against AdamW-HSDP at its
     best lr there, or at 8 nodes at ``adamw_lr``, on ``field``, seeds 42 and 7, in percent."""
     key = f"flexdemo lr={lr} nodes={nodes} outer_lr=1 procs_per_node={8 // nodes} progress_scale=batch scaling=weak"
-    return [100 * (runs[key + more][field] / (_best_adamw(runs, nodes, seed) if adamw_lr is None
-                                              else _weak_adamw(runs, seed, adamw_lr))[field] - 1)
+    return [_percent(runs[key + more][field], (_best_adamw(runs, nodes, seed) if adamw_lr is None
+                                               else _weak_adamw(runs, seed, adamw_lr))[field])
             for seed, more in ((42, ""), (7, " seed=7"))]
 
 
@@ -494,7 +499,7 @@ def _lengthened_headline(runs: dict, nodes: int) -> float:
 
 def _gaps_along(run: dict, reference: dict) -> dict[int, float]:
     """run's validation loss against reference's at each evaluation step past step 0, in percent."""
-    return {c["step"]: 100 * (c["eval_loss"] / ref["eval_loss"] - 1)
+    return {c["step"]: _percent(c["eval_loss"], ref["eval_loss"])
             for c, ref in zip(run["curve"][1:], reference["curve"][1:])}
 
 
@@ -526,13 +531,13 @@ def test_the_outer_step_past_the_rule_at_8_nodes_is_the_json():
     for run, behind_from in ((root, 200), (halved, 200), (raised, 1000)):  # "behind ... from step 1,000 on"
         assert _behind_at(run, rule) == steps[steps.index(behind_from):]
 
-    assert (f"At R = 8, √R = 2.83 is {100 * (root['final_eval_loss'] / adamw - 1):+.2f} %, behind the rule's 2 at "
+    assert (f"At R = 8, √R = 2.83 is {_percent(root['final_eval_loss'], adamw):+.2f} %, behind the rule's 2 at "
             f"every evaluation ({root['curve'][1]['eval_loss']:.3f} against {rule['curve'][1]['eval_loss']:.3f} at "
             f"step 200") in PROSE
-    assert (f"is {100 * (halved['final_eval_loss'] / adamw - 1):+.2f} %, behind from the first evaluation "
+    assert (f"is {_percent(halved['final_eval_loss'], adamw):+.2f} %, behind from the first evaluation "
             f"({halved['curve'][1]['eval_loss']:.3f} at step 200) to the last; its training loss over the last 200 "
             f"steps is {_tail(halved):.3f} against the default's {_tail(rule):.3f}") in PROSE
-    assert (f"`outer_lr=1.41`), is {100 * (raised['final_eval_loss'] / adamw - 1):+.2f} %: ahead of the default or "
+    assert (f"`outer_lr=1.41`), is {_percent(raised['final_eval_loss'], adamw):+.2f} %: ahead of the default or "
             f"level with it to step 800") in PROSE
 
 
@@ -704,7 +709,7 @@ def test_the_weak_scaling_cause_is_the_json():
     runs = result("sweep_nodes_weak")["runs"]
     base, defaults, outer1 = (runs[f"{run} nodes=8 {knobs}procs_per_node=1 scaling=weak"] for run, knobs in (
         ("adamw lr=0.003", ""), ("flexdemo lr=0.003", ""), ("flexdemo lr=0.003", "outer_lr=1 ")))
-    gap, gap1, gap2 = (100 * (r["final_eval_loss"] / base["final_eval_loss"] - 1) for r in (dense, outer1, defaults))
+    gap, gap1, gap2 = (_percent(r["final_eval_loss"], base["final_eval_loss"]) for r in (dense, outer1, defaults))
     assert _behind_at(dense, base) == _behind_at(outer1, dense) == _behind_at(dense, defaults) == _evaluations(base)
     assert (f"(`benchmarks/results/sweep_nodes_weak_step_wise.json`, at commit {invocation['git_commit'][:7]} from a "
             f"clean tree, AMD EPYC)") in PROSE
@@ -727,7 +732,7 @@ def test_the_normalisation_cost_at_4_weak_nodes_is_the_json():
                               for run, knobs, more in (("adamw lr=0.003", "", ""), ("flexdemo lr=0.003", "", ""),
                                                        ("flexdemo lr=0.003", "outer_lr=1 ", "progress_scale=batch ")))
     assert defaults["flexdemo_config"]["outer_lr"] is None and not _behind_at(defaults, dense)
-    gap, gap_defaults, gap_scaled = (100 * (r["final_eval_loss"] / base["final_eval_loss"] - 1)
+    gap, gap_defaults, gap_scaled = (_percent(r["final_eval_loss"], base["final_eval_loss"])
                                      for r in (dense, defaults, scaled))
     along, versus = _gaps_along(dense, base), _gaps_along(scaled, dense)
     steps = _evaluations(base)
@@ -761,7 +766,7 @@ def test_the_strong_scaling_cause_is_the_json():
     outer1 = result("sweep_nodes")["runs"]["flexdemo lr=0.003 nodes=8 procs_per_node=1 scaling=strong"]
     outer2, full = (result("sweep_nodes_outer")["runs"][f"flexdemo lr=0.003 nodes=8 {knobs}scaling=strong"]
                     for knobs in ("outer_lr=2 procs_per_node=1 ", "procs_per_node=1 replicator=full "))
-    gap, gap1, gap2, gap_full = (100 * (r["final_eval_loss"] / base["final_eval_loss"] - 1)
+    gap, gap1, gap2, gap_full = (_percent(r["final_eval_loss"], base["final_eval_loss"])
                                  for r in (dense, outer1, outer2, full))
     assert _behind_at(dense, base) == _behind_at(outer1, dense) == _evaluations(base)
     assert _behind_at(outer2, dense) == _evaluations(base)[2:-1]
@@ -868,7 +873,7 @@ def test_progress_scaled_to_the_nodes_batch_at_8_weak_nodes_is_the_json():
     assert (f"halves the gap at 8 nodes that each keep a 2-node batch {both} from AdamW-HSDP at its best lr, means of "
             f"two seeds) {at4}, but loses to the outer step's rule where each node steps on 8 sequences "
             f"({_gap(strong_scaled, _strong_adamw(8))} against {_gap(rule, _strong_adamw(8))}, one seed) and costs "
-            f"{100 * (at2['final_eval_loss'] / defaults2['final_eval_loss'] - 1):.2f} points at 2 nodes") in docs
+            f"{_percent(at2['final_eval_loss'], defaults2['final_eval_loss']):.2f} points at 2 nodes") in docs
 
 
 def test_progress_scaled_at_8_weak_nodes_takes_the_lr_of_one_node():
@@ -913,7 +918,7 @@ def test_progress_scaled_at_4_weak_nodes_is_the_json():
 
     def points(field: str) -> tuple[str, str]:
         """What the lengthening took back at 8 nodes of the defaults' gap on ``field``, and that gap, in points."""
-        gap, gap_defaults = (100 * (run[field] / base8[field] - 1) for run in (scaled8, defaults8))
+        gap, gap_defaults = (_percent(run[field], base8[field]) for run in (scaled8, defaults8))
         return f"{gap_defaults - gap:.2f}", f"{gap_defaults:.2f}"
 
     assert _best_step(base8) == 1600
@@ -1035,7 +1040,7 @@ def test_the_lengthened_exchange_s_rounds_at_4_weak_nodes_are_the_json():
     assert _behind_at(four, eight) == _evaluations(eight)[1:] and _behind_at(sixteen, eight) == _evaluations(eight)
     assert all(run["best_eval_loss"] == run["final_eval_loss"] for run in (four, sixteen))
     spread = 100 * abs(runs[f"flexdemo lr=0.003 {key} seed=7"]["final_eval_loss"] / eight["final_eval_loss"] - 1)
-    margins = [100 * (run["final_eval_loss"] / eight["final_eval_loss"] - 1) for run in (four, sixteen)]
+    margins = [_percent(run["final_eval_loss"], eight["final_eval_loss"]) for run in (four, sixteen)]
     assert (f"the lengthened exchange in rounds of 4 ends {_gap(four, eight)} above rounds of 8 at twice the bits, and "
             f"in rounds of 16 {_gap(sixteen, eight)} above them at half the bits, so rounds of 8 are its best measured "
             f"length there.** `progress_scale=\"batch\"` at `outer_lr=1` and lr 3e-3 in rounds of 4 (at commit "
@@ -1143,8 +1148,8 @@ def test_progress_scaled_at_8_weak_nodes_between_the_two_lrs_is_the_json():
     assert between["flexdemo_config"]["progress_scale"] == "batch" and between["flexdemo_config"]["outer_lr"] == 1.0
     assert _behind_at(between, scaled) == [400, 600, 800, 1000, 1200] and best["lr"] == 6e-3
     best_at = _best_step(between)
-    spread = 100 * (scaled7["final_eval_loss"] / scaled["final_eval_loss"] - 1)
-    assert abs(100 * (between["final_eval_loss"] / scaled["final_eval_loss"] - 1)) < spread
+    spread = _percent(scaled7["final_eval_loss"], scaled["final_eval_loss"])
+    assert abs(_percent(between["final_eval_loss"], scaled["final_eval_loss"])) < spread
     mean, mean_at_3e3 = (sum(_lengthened_best_lr_gaps(runs, lr)) / 2 for lr in ("0.00424", "0.003"))
     assert (f"4.24e-3 (√2 × 3e-3) is ahead of 3e-3 on both seeds: {mean:+.2f} % against AdamW-HSDP at 6e-3 on the mean "
             f"of two seeds, where 3e-3 is {mean_at_3e3:+.2f} %, and at issue 32's 4 % but not under it.** "
@@ -1254,7 +1259,7 @@ def test_8_weak_nodes_over_1000_steps_are_the_json():
     weak = result("sweep_nodes_weak")["runs"]
     at2000 = _lengthened_headline(weak, 8)
     at4 = _lengthened_headline(weak, 4)
-    gap, gap7 = (100 * (run["final_eval_loss"] / ref["final_eval_loss"] - 1)
+    gap, gap7 = (_percent(run["final_eval_loss"], ref["final_eval_loss"])
                  for run, ref in ((scaled_best, base), (scaled7, base7)))
     mean = (gap + gap7) / 2
     along7 = _gaps_along(scaled7, base7)
@@ -1400,7 +1405,7 @@ def test_the_weak_scaling_rounds_of_16_are_the_json():
     assert invocation["machine"]["cpu_model"] == "AMD EPYC" and not invocation["git_dirty"]
     bits, bits8 = _bits_sent(sixteen), _bits_sent(defaults)
     assert sixteen["bytes_sent"]["bits_per_param_received"] == bits and round(bits8 / bits, 1) == 2.0
-    margin = 100 * (sixteen["final_eval_loss"] / defaults["final_eval_loss"] - 1)
+    margin = _percent(sixteen["final_eval_loss"], defaults["final_eval_loss"])
     gaps = {seed: _best_lr_gap(runs, seed) for seed in (42, 7)}
     assert margin < abs(gaps[42] - gaps[7])
     lag = {c["step"]: c["eval_loss"] - ref["eval_loss"] for c, ref in zip(sixteen["curve"][1:], defaults["curve"][1:])}
@@ -1430,7 +1435,7 @@ def test_the_weak_scaling_rounds_of_16_are_the_json():
     at7 = data["invocations"][sixteen7["invocation"]]
     assert at7["machine"]["cpu_model"] == "AMD EPYC" and not at7["git_dirty"] and _bits_sent(sixteen7) == bits
     assert _behind_at(sixteen7, defaults7) == _evaluations(sixteen7)
-    margin7 = 100 * (sixteen7["final_eval_loss"] / defaults7["final_eval_loss"] - 1)
+    margin7 = _percent(sixteen7["final_eval_loss"], defaults7["final_eval_loss"])
     gap16 = 50 * (sixteen["final_eval_loss"] / best["final_eval_loss"] + sixteen7["final_eval_loss"] / best7[
         "final_eval_loss"] - 2)
     assert (f"With seed 7 (at commit {at7['git_commit'][:7]}, the same grid) rounds of 16 end at "
@@ -1531,7 +1536,7 @@ def test_the_headline_node_scaling_gaps_are_the_json():
         where = f"nodes={nodes} procs_per_node={procs} scaling=strong"
         each = [runs[f"flexdemo lr=0.003 nodes={nodes} outer_lr={outer} procs_per_node={procs} scaling=strong{seed}"]
                 ["final_eval_loss"] / runs[f"adamw lr=0.003 {where}{seed}"]["final_eval_loss"] for seed in seeds]
-        gaps.append(100 * (sum(each) / len(each) - 1))
+        gaps.append(_percent(sum(each), len(each)))
     cell = f"+{gaps[0]:.2f} % / +{gaps[1]:.2f} % | – |"
     two = _mean_gap(result("sweep_bits")["runs"], "flexdemo lr=0.003 outer_delay=2")  # the defaults now
     assert f"| {cell}" in PAGE and f"| +{two:.2f} % | – |" in PAGE
@@ -1561,7 +1566,7 @@ def _same_start(run: dict) -> tuple:
 def _seed_gaps(runs: dict, key: str) -> list[float]:
     """Run ``key``'s final gap (%) against the AdamW-HSDP run of its lr, seed and model, with seeds 42 and 7."""
     adamw = {_same_start(r): r["final_eval_loss"] for r in runs.values() if r["method"] == "adamw"}
-    return [100 * (runs[f"{key}{tail}"]["final_eval_loss"] / adamw[_same_start(runs[f"{key}{tail}"])] - 1)
+    return [_percent(runs[f"{key}{tail}"]["final_eval_loss"], adamw[_same_start(runs[f"{key}{tail}"])])
             for tail in ("", " seed=7")]
 
 
@@ -1590,7 +1595,7 @@ def test_the_flat_exchange_row_is_the_json():
     for key, run in data["runs"].items():
         nodes, procs = run["knobs"]["nodes"], run["knobs"]["procs_per_node"]
         reference = adamw[f"adamw lr=0.003 nodes={nodes} procs_per_node={procs} scaling=strong"]["final_eval_loss"]
-        gap = 100 * (run["final_eval_loss"] / reference - 1)
+        gap = _percent(run["final_eval_loss"], reference)
         bits = _bits_sent(run)
         cells = f"| {run['final_eval_loss']:.3f} | {gap:+.2f} % | {bits:.3g} |"
         assert sum(line.startswith(f"| {nodes} × {procs} | `replicator=\"leader\"`") and line.endswith(cells)
@@ -1620,7 +1625,7 @@ def _owner_gaps(name: str) -> dict[str, tuple[dict, float]]:
     (:func:`_strong_adamw`)."""
     def gap(run: dict) -> float:
         reference = _strong_adamw(run["knobs"].get("nodes", 2), run["knobs"].get("seed", 42))
-        return 100 * (run["final_eval_loss"] / reference["final_eval_loss"] - 1)
+        return _percent(run["final_eval_loss"], reference["final_eval_loss"])
 
     return {key: (run, gap(run)) for key, run in result(name)["runs"].items()}
 
@@ -1682,8 +1687,8 @@ def test_the_owner_at_4_nodes_and_its_second_seed_are_the_json():
     outer = result("sweep_nodes_outer")["runs"]
     all_gather4 = outer["flexdemo lr=0.003 nodes=4 outer_lr=1.41 procs_per_node=2 scaling=strong"]
     all_gather8, all_gather7 = (
-        100 * (outer[f"flexdemo lr=0.003 nodes=8 outer_lr=2 procs_per_node=1 scaling=strong{at}"]["final_eval_loss"]
-               / _strong_adamw(8, seed)["final_eval_loss"] - 1) for at, seed in (("", 42), (" seed=7", 7)))
+        _percent(outer[f"flexdemo lr=0.003 nodes=8 outer_lr=2 procs_per_node=1 scaling=strong{at}"]["final_eval_loss"],
+                 _strong_adamw(8, seed)["final_eval_loss"]) for at, seed in (("", 42), (" seed=7", 7)))
     bits4, bits2, gather4 = (_bits_sent(run) for run in (owner4, owner2, all_gather4))
     estimate = payload_bits_per_param(4, {"replicator": "owner"})[0]
     assert _behind_at(owner4, all_gather4) == _evaluations(owner4)
@@ -1702,8 +1707,8 @@ def test_the_owner_at_4_nodes_and_its_second_seed_are_the_json():
     two = result("sweep_bits")["runs"]
     (_, gap2), (owner27, gap27) = (lean["flexdemo lr=0.003 replicator=owner scaling=strong" + seed] for seed in
                                    ("", " seed=7"))
-    all_gather2 = [100 * (two["flexdemo lr=0.003" + at]["final_eval_loss"] / _strong_adamw(2, seed)["final_eval_loss"]
-                          - 1) for at, seed in (("", 42), (" seed=7", 7))]
+    all_gather2 = [_percent(two["flexdemo lr=0.003" + at]["final_eval_loss"], _strong_adamw(2, seed)["final_eval_loss"])
+                   for at, seed in (("", 42), (" seed=7", 7))]
     assert (f"At 2 nodes, with seed 7 (at commit {_commit_of('sweep_nodes_owner', owner27)}), it is {gap27:+.2f} % "
             f"(seed 42: {gap2:+.2f} %): {(gap2 + gap27) / 2:+.2f} % on the mean of two seeds, against the "
             f"all-gather's {sum(all_gather2) / 2:+.2f} % (grid `bits`, landing one step after the start)") in PROSE
@@ -1718,7 +1723,7 @@ def test_the_shared_positions_probe_is_the_json():
     assert f"at commit {probe['git_commit'][:7]} from a clean tree" in PROSE
     assert f"at **{loss:.3f}**, against the defaults' {quick['methods']['flexdemo']['final_eval_loss']:.3f}" in PROSE
     assert f"AdamW's {adamw:.3f}" in PROSE
-    assert f"+{100 * (loss / adamw - 1):.2f} % where the defaults' own top-k is " \
+    assert f"+{_percent(loss, adamw):.2f} % where the defaults' own top-k is " \
            f"+{quick['final_eval_loss_gap_vs_adamw_pct']['flexdemo']:.2f} %" in PROSE
 
 
@@ -1746,7 +1751,7 @@ def _assert_one_row_per_run(runs: dict, reference: dict) -> None:
                 dense = min((r for at, r in adamw.items() if at[1:] == _same_start(run)[1:]),
                             key=lambda r: r["final_eval_loss"])
                 start += f" (against AdamW-HSDP at {_written(dense['lr'])}, seed {run['training_args']['seed']}) |"
-            gap = 100 * (run["final_eval_loss"] / dense["final_eval_loss"] - 1)
+            gap = _percent(run["final_eval_loss"], dense["final_eval_loss"])
             cells = f"| {run['final_eval_loss']:.3f} | {gap:+.2f} % | {run['bytes_sent']['bits_per_param_sent']:.3g} |"
         assert sum(line.startswith(start) and line.endswith(cells) for line in lines) == 1, key
 
@@ -1797,17 +1802,17 @@ def test_the_learning_rate_on_the_long_horizon_is_the_json():
                for r in rounds_16.values())
     adamw, same = bits["adamw lr=0.003"]["final_eval_loss"], bits["flexdemo lr=0.003 local_steps=16"]["final_eval_loss"]
     loss = rounds_16[6e-3]["final_eval_loss"]
-    assert (f"They end at {loss:.3f}, {100 * (loss / adamw - 1):+.2f} % against AdamW-HSDP at 3e-3 (the table's, on "
+    assert (f"They end at {loss:.3f}, {_percent(loss, adamw):+.2f} % against AdamW-HSDP at 3e-3 (the table's, on "
             f"the AMD EPYC;") in PROSE
-    assert f"where at 3e-3 they are {100 * (same / adamw - 1):+.2f} %" in PROSE
+    assert f"where at 3e-3 they are {_percent(same, adamw):+.2f} %" in PROSE
     half = data["runs"]["adamw lr=0.0015"]["final_eval_loss"]
-    assert f"1.5e-3, ends at {half:.3f}, {100 * (half / adamw - 1):+.2f} % above its 3e-3" in PROSE and half > adamw
+    assert f"1.5e-3, ends at {half:.3f}, {_percent(half, adamw):+.2f} % above its 3e-3" in PROSE and half > adamw
     double = data["runs"]["adamw lr=0.006"]["final_eval_loss"]
-    assert f"6e-3, it ends at {double:.3f}, {100 * (double / adamw - 1):+.2f} %" in PROSE and double > adamw
+    assert f"6e-3, it ends at {double:.3f}, {_percent(double, adamw):+.2f} %" in PROSE and double > adamw
     rounds, dense = rounds_16[4e-3]["final_eval_loss"], data["runs"]["adamw lr=0.004"]["final_eval_loss"]
-    assert (f"rounds of 16 end at {rounds:.3f}, {100 * (rounds / adamw - 1):+.2f} % against AdamW-HSDP at 3e-3"
+    assert (f"rounds of 16 end at {rounds:.3f}, {_percent(rounds, adamw):+.2f} % against AdamW-HSDP at 3e-3"
             in PROSE and rounds > same)
-    assert f"AdamW-HSDP ends at {dense:.3f}, +{100 * (dense / adamw - 1):.2f} % above its 3e-3" in PROSE
+    assert f"AdamW-HSDP ends at {dense:.3f}, +{_percent(dense, adamw):.2f} % above its 3e-3" in PROSE
     # "AdamW-HSDP's best of the four lrs", "rounds of 16 do best there too, of the three they ran at"
     assert adamw < min(r["final_eval_loss"] for r in data["runs"].values() if r["method"] == "adamw")
     assert same < min(r["final_eval_loss"] for r in rounds_16.values())
@@ -1816,13 +1821,13 @@ def test_the_learning_rate_on_the_long_horizon_is_the_json():
     assert sorted(defaults) == [1.5e-3, 6e-3] and all(
         (r["flexdemo_config"]["local_steps"], r["flexdemo_config"]["outer_delay"]) == (8, 2) for r in defaults.values())
     at_3e3 = bits["flexdemo lr=0.003 outer_delay=2"]["final_eval_loss"]
-    gap = {lr: 100 * (r["final_eval_loss"] / adamw - 1) for lr, r in defaults.items()}
+    gap = {lr: _percent(r["final_eval_loss"], adamw) for lr, r in defaults.items()}
     assert (f"at 6e-3 they end at {defaults[6e-3]['final_eval_loss']:.3f}, {gap[6e-3]:+.2f} % against AdamW-HSDP at "
             f"3e-3, and at 1.5e-3 at {defaults[1.5e-3]['final_eval_loss']:.3f}, {gap[1.5e-3]:+.2f} %, where at 3e-3 "
-            f"they are {100 * (at_3e3 / adamw - 1):+.2f} %") in PROSE
+            f"they are {_percent(at_3e3, adamw):+.2f} %") in PROSE
     assert at_3e3 < min(r["final_eval_loss"] for r in defaults.values())  # "do best at 3e-3 too"
     # "below the best lr they lose more than AdamW-HSDP does ..., above it less"
-    below, above = (100 * (defaults[lr]["final_eval_loss"] / data["runs"][f"adamw lr={lr}"]["final_eval_loss"] - 1)
+    below, above = (_percent(defaults[lr]["final_eval_loss"], data["runs"][f"adamw lr={lr}"]["final_eval_loss"])
                     for lr in (1.5e-3, 6e-3))
     assert f"(at 1.5e-3 {below:+.2f} % against AdamW-HSDP at 1.5e-3), above it less (at 6e-3 {above:+.2f} %" in PROSE
 
@@ -1888,11 +1893,11 @@ def test_the_second_model_size_over_2000_steps_is_the_json():
     adamw = {lr: r["final_eval_loss"] for lr, r in adamw_runs.items()}
     rounds = {r["lr"]: r for r in unseeded if r["method"] == "flexdemo" and r["knobs"].get("local_steps") == 16}
     bits = rounds[1e-3]["bytes_sent"]["bits_per_param_sent"]
-    same_lr = 100 * (rounds[1e-3]["final_eval_loss"] / adamw[1e-3] - 1)
+    same_lr = _percent(rounds[1e-3]["final_eval_loss"], adamw[1e-3])
     assert f"rounds of 16 send {bits:.3g} bits per parameter and step at {same_lr:+.2f} %" in PROSE
     best, mine = min(adamw, key=adamw.get), min(rounds, key=lambda lr: rounds[lr]["final_eval_loss"])
     loss = rounds[mine]["final_eval_loss"]
-    gap = 100 * (loss / adamw[best] - 1)
+    gap = _percent(loss, adamw[best])
     assert (f"against AdamW-HSDP at its best lr of the {len(adamw)}, {_written(best)} ({adamw[best]:.3f}), rounds of "
             f"16 at their best of the {len(rounds)}, {_written(mine)} ({loss:.3f}), are {gap:+.2f} %") in PROSE
 
@@ -1901,16 +1906,16 @@ def test_the_second_model_size_over_2000_steps_is_the_json():
                                            for run in (("adamw", None), ("flexdemo", 16), ("flexdemo", None)))
     # seed 7 runs each method at seed 42's best lr
     assert (dense["lr"], seventh["lr"], defaults_7["lr"]) == (best, mine, mine)
-    gap_7 = 100 * (seventh["final_eval_loss"] / dense["final_eval_loss"] - 1)
+    gap_7 = _percent(seventh["final_eval_loss"], dense["final_eval_loss"])
     assert (f"rounds of 16 are {(gap + gap_7) / 2:+.2f} % on the mean of two seeds ({gap:+.2f} % and {gap_7:+.2f} %)"
             in PROSE)
 
     defaults = {r["lr"]: r for r in unseeded if r["method"] == "flexdemo" and "local_steps" not in r["knobs"]}
     assert sorted(defaults) == sorted({best, mine}) and all(
         r["flexdemo_config"]["local_steps"] == 8 for r in defaults.values())
-    eight = {lr: 100 * (r["final_eval_loss"] / adamw[best] - 1) for lr, r in defaults.items()}
+    eight = {lr: _percent(r["final_eval_loss"], adamw[best]) for lr, r in defaults.items()}
     sent = defaults[mine]["bytes_sent"]["bits_per_param_sent"]
-    eight_7 = 100 * (defaults_7["final_eval_loss"] / dense["final_eval_loss"] - 1)
+    eight_7 = _percent(defaults_7["final_eval_loss"], dense["final_eval_loss"])
     mean = (eight[mine] + eight_7) / 2
     assert (f"**The defaults, rounds of 8 ({sent:.2f} bits per parameter and step), end {mean:+.2f} % on the mean of "
             f"two seeds ({eight[mine]:+.2f} % and {eight_7:+.2f} %) against AdamW-HSDP at its best lr at "
