@@ -2003,3 +2003,41 @@ def test_the_length_factor_study_is_the_json():
             f"{four['final_eval_loss']:.3f}, {_gap(four, adamw)} against AdamW-HSDP: {_gap(four, eight)} against "
             f"itself in rounds of 8, but {_gap(four, plain4)} against the same rounds of 4 sent unscaled "
             f"({_gap(plain4, adamw)}), where in rounds of 8 it was {_gap(eight, plain8)}. One seed.") in PROSE
+
+
+def test_the_lengthenings_estimate_with_a_memory_of_its_own_is_the_json():
+    """"Weak scaling": progress_scale_decay=0.99 at 4 weak nodes, both seeds, against AdamW-HSDP and against the
+    estimate at beta2's of the same seed: the mean of the two seeds' gaps, where along the run each is ahead, and the
+    spread of the two seeds at beta2's that the margins are read against."""
+    runs = result("sweep_nodes_weak")["runs"]
+    key = "flexdemo lr=0.003 nodes=4 outer_lr=1 procs_per_node=2 progress_scale=batch {}scaling=weak{}"
+    own, shared = ({seed: runs[key.format(decay, more)] for seed, more in ((42, ""), (7, " seed=7"))}
+                   for decay in ("progress_scale_decay=0.99 ", ""))
+    base = {seed: _best_adamw(runs, 4, seed) for seed in (42, 7)}
+    assert base[42]["lr"] == base[7]["lr"] == 3e-3
+    for seed, run in own.items():
+        assert run["flexdemo_config"]["progress_scale_decay"] == 0.99 and run["knobs"].get("seed", 42) == seed
+        assert {k: v for k, v in run["knobs"].items() if k != "progress_scale_decay"} == shared[seed]["knobs"]
+    gaps, gaps_shared = ([_percent(runs_[seed]["final_eval_loss"], base[seed]["final_eval_loss"]) for seed in (42, 7)]
+                         for runs_ in (own, shared))
+    along = {seed: _gaps_along(own[seed], shared[seed]) for seed in (42, 7)}
+    assert max(abs(along[42][step]) for step in (200, 400, 600, 800)) == abs(along[42][200])
+    assert all(along[42][step] < 0 for step in along[42] if step >= 1000)
+    assert [step for step in along[7] if along[7][step] < 0] == list(range(200, 1400, 200))
+    assert all(run["best_eval_loss"] == run["final_eval_loss"] for run in own.values())
+    spread = _percent(shared[7]["final_eval_loss"], shared[42]["final_eval_loss"])
+    prose = (
+        f"is {sum(gaps) / 2:+.2f} % on the mean of two seeds, where at β2's it is {sum(gaps_shared) / 2:+.2f} %.** "
+        f"Grid `nodes_weak` runs it at lr 3e-3 and `outer_lr=1`, AMD EPYC, from a clean tree. Seed 42 (at commit "
+        f"{_commit_of('sweep_nodes_weak', own[42])}) ends at {own[42]['final_eval_loss']:.3f}, {gaps[0]:+.2f} % "
+        f"against AdamW-HSDP at 3e-3 and {_gap(own[42], shared[42])} against the estimate at β2's, within "
+        f"{abs(along[42][200]):.2f} % of it up to step 800 and ahead from step 1,000 on, with a training loss over the "
+        f"last 200 steps of {_tail(own[42]):.3f} against {_tail(shared[42]):.3f}. Seed 7 (at commit "
+        f"{_commit_of('sweep_nodes_weak', own[7])}) ends at {own[7]['final_eval_loss']:.3f}, {gaps[1]:+.2f} % against "
+        f"AdamW-HSDP of that seed and {_gap(own[7], shared[7])} against the estimate at β2's: ahead of it up to step "
+        f"1,200 and behind from step 1,400 on, with a training loss over the last 200 steps of {_tail(own[7]):.3f} "
+        f"against {_tail(shared[7]):.3f}. The two seeds move in opposite directions, each by about the spread of the "
+        f"two seeds at β2's ({spread:.2f} %)")
+    assert " ".join(prose.split()) in PROSE
+    assert (_percent(own[42]["final_eval_loss"], shared[42]["final_eval_loss"]) < 0
+            < _percent(own[7]["final_eval_loss"], shared[7]["final_eval_loss"]))
