@@ -382,10 +382,11 @@ def test_the_node_scaling_table_is_the_json():
             logged = run["bytes_sent"].get("bits_per_param_sent")
             if run["method"] != "adamw" and run["knobs"].get("nodes", 2) > 2 and logged is not None:
                 under.append((run["flexdemo_config"]["local_steps"], 100 * (1 - _ratio_bits(run) / logged)))
-    shorter, sixteen = [gap for rounds, gap in under if rounds <= 8], [gap for rounds, gap in under if rounds == 16]
-    assert {rounds for rounds, _ in under} == {4, 8, 16} and max(sixteen) < 0
+    shorter, sixteen, two = ([gap for rounds, gap in under if rounds in lengths] for lengths in ((4, 8), (16,), (2,)))
+    assert {rounds for rounds, _ in under} == {2, 4, 8, 16} and max(sixteen) < 0
     assert (f"which lies {min(shorter):.1f}–{max(shorter):.1f} % under the logged mean in every 4- and 8-node run in "
-            f"rounds of 4 or 8 that has both (in rounds of 16, {-max(sixteen):.1f} % over it)") in PROSE
+            f"rounds of 4 or 8 that has both (in rounds of 16, {-max(sixteen):.1f} % over it; in the dense rounds of "
+            f"2, whose payload does not vary, {max(map(abs, two)):.1f} %)") in PROSE
 
     def topology(run: dict) -> tuple:
         knobs = run["knobs"]
