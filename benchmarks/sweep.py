@@ -72,7 +72,10 @@ def pinned_knobs(grid: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
     if run["method"] == "adamw":
         return run["knobs"]
     by_nodes = grid.get("pin_by_nodes", {}).get(run["knobs"].get("nodes", 2), {})
-    return {**grid.get("pin", {}), **by_nodes, **run["knobs"]}
+    knobs = {**grid.get("pin", {}), **by_nodes, **run["knobs"]}
+    if knobs.get("replicator") == "full" and "value_dtype" not in run["knobs"]:  # it sends float32, whatever a pin said
+        knobs.pop("value_dtype", None)
+    return knobs
 
 
 def _dense_step_wise(scaling: str, nodes: tuple[int, ...] = (8,)) -> dict[str, Any]:

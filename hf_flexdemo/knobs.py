@@ -138,7 +138,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("value_dtype", "auto", ValueDtype, "Wire type of coefficients (float8: e4m3 with a bfloat16 scale per "
          "block; int4/int2: 4 or 2 bits with a bfloat16 scale per block; these three demo and owner only, int4/int2 "
          "also leader, which needs them; auto: for replicator='demo' or 'owner' int2 with local_steps > 1, float8 with "
-         "local_steps=1; int2 for leader; else bfloat16).",
+         "local_steps=1; int2 for leader; float32 for full, whose all-reduce sends the float32 momentum whole; else "
+         "bfloat16).",
          policy="compression", field="value_dtype"),
     Knob("replicator_seed", 0, int, "Seed of replicator='random''s shared positions and of replicator='leader''s "
          "leaders and first positions (the same on every replica).",
@@ -298,12 +299,15 @@ def apply_preset(preset: str, values: dict[str, Any], *, field: str = "preset") 
 
 def resolve_value_dtype(value_dtype: str, replicator: str, local_steps: int) -> str:
     """``value_dtype="auto"``'s choice: for ``demo``'s all-gather int2 with local steps (error feedback sends what the
-    2-bit rounding loses in the next round) and float8 step-wise; bfloat16 for the all-reduces, which add values
-    (per-block scales do not add up); any other value as given (docs/how-it-works.md "Why the defaults")."""
+    2-bit rounding loses in the next round) and float8 step-wise; float32 for ``full``, the dense limit; bfloat16 for
+    the other all-reduces, which add values (per-block scales do not add up); any other value as given
+    (docs/how-it-works.md "Why the defaults")."""
     if value_dtype != "auto":
         return value_dtype
     if replicator == "leader":  # its all-reduce sums codes on a shared scale
         return "int2"
+    if replicator == "full":  # the uncompressed all-reduce of the float32 momentum
+        return "float32"
     if replicator not in ("demo", "owner", "none"):  # "none" emulates demo's wire on one node
         return "bfloat16"
     return "int2" if local_steps > 1 else "float8"
@@ -423,6 +427,9 @@ def validate(knobs: Mapping[str, Any]) -> None:
     check(get("value_dtype") in ("auto", "int2", "int4", None) or get("replicator") != "leader", "value_dtype",
           get("value_dtype"), "'auto' | 'int2' | 'int4' with replicator='leader' (its all-reduce sums codes on a "
           "shared scale), or replicator='demo' for float8 | bfloat16 | float32")
+    check(get("value_dtype") in ("auto", "float32", None) or get("replicator") != "full", "value_dtype",
+          get("value_dtype"), "'auto' | 'float32' with replicator='full' (its all-reduce sends the float32 momentum "
+          "whole, uncompressed), or replicator='demo' for a compressed wire type")
     if "local_steps" in knobs and not _local_mode(knobs):
         check(get("replicator") != "owner", "replicator", get("replicator"), "'demo' | 'leader' | 'random' | 'full' "
               f"with local_steps={get('local_steps')}; replicator='owner' lands a consensus one exchange after it is "

@@ -109,6 +109,15 @@ def test_one_validation_names_field_value_and_accepted_values(field, value, acce
             build()
 
 
+def test_the_dense_replicator_takes_the_float32_it_sends_and_refuses_a_wire_type():
+    assert [knobs.resolve_value_dtype("auto", "full", steps) for steps in (1, 8)] == ["float32"] * 2
+    FlexDeMoConfig(replicator="full", value_dtype="float32")
+    for value in ("bfloat16", "int2", "float8"):
+        with pytest.raises(ValueError, match=rf"invalid value_dtype='{value}'; accepted: 'auto' \| 'float32' with "
+                                             r"replicator='full'"):
+            FlexDeMoConfig(replicator="full", value_dtype=value)
+
+
 def test_optimizer_wide_knobs_are_refused_in_a_param_group():
     import torch
 
