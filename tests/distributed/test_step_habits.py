@@ -64,7 +64,7 @@ def test_bytes_equal_the_formula(suite, replicator, topology):
     for result in _case(suite, f"bytes,replicator={replicator},topology={topology}"):
         stats, replicas = result["comm_stats"], result["replicas"]
         assert replicas == {"2x2": 2, "1x4": 4}[topology]
-        assert result["value_dtype"] == {"demo": "float8"}.get(replicator, "bfloat16")  # value_dtype="auto"
+        assert result["value_dtype"] == {"demo": "float8", "full": "float32"}.get(replicator, "bfloat16")  # "auto"
         expected = exchange_bytes(replicator, result["local_shapes"], replicas, rate=0.25, topk=None, chunk=8,
                                   value_dtype=result["value_dtype"])
         assert stats["bytes_sent"] == stats["bytes_received"] == expected > 0

@@ -61,12 +61,12 @@ def test_invalid_arguments_name_field_and_accepted_values(kwargs, field, accepte
 
 
 @pytest.mark.parametrize(("replicator", "local_steps", "wire"), [
-    ("demo", 1, "float8"), ("demo", 4, "int2"), ("random", 1, "bfloat16"), ("full", 1, "bfloat16"),
-    ("full", 4, "bfloat16"), ("leader", 1, "int2"), ("leader", 4, "int2")])
+    ("demo", 1, "float8"), ("demo", 4, "int2"), ("random", 1, "bfloat16"), ("full", 1, "float32"),
+    ("full", 4, "float32"), ("leader", 1, "int2"), ("leader", 4, "int2")])
 def test_auto_value_dtype_is_scaled_for_demo_only(replicator, local_steps, wire):
     """The default ``value_dtype="auto"`` resolves once, so the state_dict records (and a resume keeps) the wire type;
     ``random``'s all-reduce adds values, which per-block scales would not allow; ``leader``'s adds codes on one
-    shared scale."""
+    shared scale; ``full`` sends the float32 momentum whole."""
     opt = FlexDeMo(_params(), local_steps=local_steps, compression=CompressionPolicy(replicator=replicator))
     assert opt.options["value_dtype"] == wire
     assert opt.options["overlap"] == ("delayed" if local_steps > 1 else "none")
