@@ -39,9 +39,8 @@ KEYS = (PREV, LAG, EXTRA, SQUARES)  # SQUARES only with a decay of the estimate'
 PER_NODE = (PREV, LAG)  # each node's own gradients, as the inner moments
 
 
-def new_state(state: dict[str, Any], shard: Tensor, keys: tuple[str, ...] = (PREV, LAG, EXTRA)) -> dict[str, Any]:
-    """``state`` with ``keys`` (float32, zero) added where missing: by default the last gradient, the EMA of
-    consecutive gradients' products and the extra progress."""
+def new_state(state: dict[str, Any], shard: Tensor, keys: tuple[str, ...]) -> dict[str, Any]:
+    """``state`` with ``keys`` of :data:`KEYS` (float32, zero) added where missing."""
     for key in keys:
         if key not in state:
             state[key] = torch.zeros_like(shard, dtype=torch.float32)
