@@ -139,6 +139,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--final_rounds", action="store_true", help="also the validation loss each way to end the "
                         "run leaves, from the same end state (convergence_worker.FinalRounds)")
     parser.add_argument("--adam_beta1", type=float, default=0.9, help="TrainingArguments.adam_beta1")
+    parser.add_argument("--gradient_accumulation_steps", type=positive_int, default=1, help="micro-batches each rank's "
+                        "batch is split into (TrainingArguments'; the batch per step stays)")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--data_seed", type=int, default=42)
     parser.add_argument("--out", type=Path, help="default: benchmarks/results/convergence[_quick|_long].json")
@@ -163,6 +165,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.per_rank_batch = per_rank_batch(args.batch_size, args.nodes, args.procs_per_node, args.scaling)
     except ValueError as error:
         parser.error(str(error))
+    if args.per_rank_batch % args.gradient_accumulation_steps:
+        parser.error(f"--gradient_accumulation_steps {args.gradient_accumulation_steps} does not divide the "
+                     f"{args.per_rank_batch} sequences per rank and step")
     stem = "convergence" if args.preset == "full" else f"convergence_{args.preset}"
     if (args.nodes, args.procs_per_node) != (REFERENCE_NODES, REFERENCE_PROCS):
         stem += f"_{args.nodes}x{args.procs_per_node}_{args.scaling}"
@@ -191,12 +196,12 @@ def worker_args(args: argparse.Namespace, method: str, lr: float, bleu_samples: 
         name: getattr(args, name) for name in (
             "train_file", "validation_file", "source_lang", "target_lang", "max_source_length", "max_target_length",
             "vocab_size", "d_model", "d_ff", "num_layers", "num_heads", "max_steps", "warmup_steps",
-            "eval_steps", "logging_steps", "adam_beta1", "seed", "data_seed",
+            "eval_steps", "logging_steps", "adam_beta1", "seed", "data_seed", "gradient_accumulation_steps",
         )
     }
     setup, preset_name = METHOD_SETUPS.get(method, (method, None))
     options |= {"method": setup, "lr": lr, "bleu_samples": bleu_samples, "shard_size": args.procs_per_node,
-                "batch_size": args.per_rank_batch,
+                "batch_size": args.per_rank_batch // args.gradient_accumulation_steps,
                 "output_dir": output_dir, "out": out}
     preset = [f"--flexdemo_preset={preset_name}"] if preset_name else []
     preset += ["--final_rounds"] if args.final_rounds and method != "adamw" else []

@@ -40,8 +40,8 @@ from hf_flexdemo.wire.collectives import dense_allreduce_bytes
 
 TASK = "translation"
 REPORTED_ARGS = ("learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay", "max_grad_norm", "adam_beta1",
-                 "adam_beta2", "adam_epsilon", "per_device_train_batch_size", "per_device_eval_batch_size", "seed",
-                 "data_seed", "generation_max_length", "generation_num_beams")
+                 "adam_beta2", "adam_epsilon", "per_device_train_batch_size", "gradient_accumulation_steps",
+                 "per_device_eval_batch_size", "seed", "data_seed", "generation_max_length", "generation_num_beams")
 
 
 def parse_args() -> argparse.Namespace:
@@ -60,7 +60,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--num_layers", type=int, default=2)
     parser.add_argument("--num_heads", type=int, default=4)
     parser.add_argument("--max_steps", type=int, required=True)
-    parser.add_argument("--batch_size", type=int, default=16, help="sequences per rank per step")
+    parser.add_argument("--batch_size", type=int, default=16, help="sequences per rank per micro-batch")
+    parser.add_argument("--gradient_accumulation_steps", type=int, default=1, help="micro-batches per step")
     parser.add_argument("--warmup_steps", type=int, default=0)
     parser.add_argument("--eval_steps", type=int, required=True)
     parser.add_argument("--logging_steps", type=int, required=True)
@@ -188,6 +189,7 @@ def main() -> None:
         output_dir=args.output_dir, use_cpu=True, max_steps=args.max_steps, learning_rate=args.lr,
         lr_scheduler_type="linear", warmup_steps=args.warmup_steps, weight_decay=0.0, adam_beta1=args.adam_beta1,
         per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=64,
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
         eval_strategy="steps", eval_steps=args.eval_steps, eval_on_start=True, logging_steps=args.logging_steps,
         save_strategy="steps" if args.save_steps else "no", save_steps=args.save_steps or 500, report_to="none",
         disable_tqdm=True, seed=args.seed, data_seed=args.data_seed,

@@ -53,7 +53,8 @@ OUTER = ({}, {"outer_lr": 0.7, "outer_momentum": 0.9})  # the update rule the lo
 HORIZON = ["--horizon", "--bleu_samples", "0"]
 # convergence.py flags (TrainingArguments fields, the topology and the model's size), not FlexDeMoConfig fields
 MODEL_FLAGS = ("d_model", "d_ff", "num_layers")
-RUN_FLAGS = ("adam_beta1", "seed", "nodes", "procs_per_node", "scaling", *MODEL_FLAGS)
+RUN_FLAGS = ("adam_beta1", "seed", "nodes", "procs_per_node", "scaling", "gradient_accumulation_steps",
+             *MODEL_FLAGS)
 # What a gap is measured against: AdamW-HSDP from the same initialisation, on the same topology, global batch and model.
 REFERENCE_FLAGS = ("seed", "nodes", "procs_per_node", "scaling", *MODEL_FLAGS)
 # The second model size: the T5 of convergence.py's full preset (4 + 4 layers, d256) on the quick preset's
@@ -360,6 +361,11 @@ GRIDS: dict[str, dict[str, Any]] = {
             # block does: the top eighth, a filter twice as strict at half the bits
             _run("flexdemo", 3e-3, nodes=4, procs_per_node=2, scaling="weak", progress_scale="batch", outer_lr=1.0,
                  compression_rate=1 / 8),
+            # the estimate no step moves: the products of each step's two micro-batches (16 sequences each, the same
+            # 32 per node and step), compressed and in the dense rounds of 2 where the lengthening cost
+            *(_run("flexdemo", 3e-3, nodes=4, procs_per_node=2, scaling="weak", progress_scale="batch", outer_lr=1.0,
+                   progress_scale_estimate="micro_batches", gradient_accumulation_steps=2, **knobs)
+              for knobs in ({}, {"replicator": "full", "local_steps": 2})),
         ],
     },
     # Grid "nodes_weak" at 1,000 steps: at 8 weak nodes the lengthened exchange's +4.05 % (lr 4.24e-3 against

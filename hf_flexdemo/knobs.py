@@ -33,6 +33,7 @@ Preset = Literal["default", "step-wise", "flexdemo-paper", "demo-paper"]
 Transform = Literal["auto", "dct", "none"]
 Mode = Literal["local", "step-wise"]
 ProgressScale = Literal["none", "batch"]
+ProgressEstimate = Literal["consecutive", "micro_batches"]
 
 REPLICATORS: tuple[str, ...] = get_args(ReplicatorName)
 UPDATES: tuple[str, ...] = get_args(Update)
@@ -175,6 +176,14 @@ KNOBS: tuple[Knob, ...] = (
          "current share with a memory of about 1 / (1 - decay) steps.", modes=LOCAL, policy="outer",
          field="progress_scale_decay", ok=lambda v: v is None or (_number(v) and 0.0 < v < 1.0),
          accepted="None (the inner AdamW's beta2) or a float in (0, 1)"),
+    Knob("progress_scale_estimate", "consecutive", ProgressEstimate, "progress_scale='batch': where its signal "
+         "estimate s comes from. consecutive (the default): the products of the node's consecutive gradients, which "
+         "the step between them correlates; micro_batches: the product of a step's first micro-batches' gradient and "
+         "its last one's, taken at the same weights, with its own EMA of squares (4 more bytes of optimizer state per "
+         "parameter, and one gradient-sized buffer). It needs gradient_accumulation_steps >= 2 and a gradient "
+         "reduced inside the node after every micro-batch (FlexDeMoTrainer sets Accelerate's sync_each_batch; a "
+         "training loop of its own calls FlexDeMo.observe_micro_batch).", modes=LOCAL, policy="outer",
+         field="progress_scale_estimate"),
     Knob("outer_delay", None, int | None, "Streamed (overlap='delayed'): the inner steps a round's exchange travels "
          "during before it moves the anchor (Streaming DiLoCo's tau); the progress of those steps enters error "
          "feedback, so replicas restart from one anchor and nothing is lost. None (the default): until the next "
@@ -517,6 +526,11 @@ def _check_no_effect(knobs: Mapping[str, Any]) -> None:
         check(False, "progress_scale_decay", knobs["progress_scale_decay"], "None (the default) with progress_scale="
               f"{knobs['progress_scale']!r}: it is the memory of the estimate progress_scale='batch' lengthens by; set "
               "progress_scale='batch' to use it")
+    if knobs.get("progress_scale_estimate", "consecutive") != "consecutive" and knobs.get("progress_scale") not in (
+            None, "batch"):
+        check(False, "progress_scale_estimate", knobs["progress_scale_estimate"], "'consecutive' (the default) with "
+              f"progress_scale={knobs['progress_scale']!r}: it is where the estimate progress_scale='batch' lengthens "
+              "by comes from; set progress_scale='batch' to use it")
     if "budget_bytes" in knobs and "budget_fraction" in knobs and knobs["budget_bytes"] is None \
             and knobs["budget_fraction"] is None:
         for name in ("budget_min_rate", "budget_max_rate"):

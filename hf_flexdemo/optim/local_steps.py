@@ -123,7 +123,8 @@ class LocalSteps(Mode):
         self.delay = optimizer.options["outer_delay"]
         self.fragments = optimizer.options["outer_fragments"]
         self.scale = progress_scale.for_option(optimizer.options["progress_scale"], optimizer.replicate.size,
-                                               optimizer.options["progress_scale_decay"])
+                                               optimizer.options["progress_scale_decay"],
+                                               optimizer.options["progress_scale_estimate"])
         self.slot = self.every // self.fragments  # steps between two fragments' round ends
         self.members: list[list[Tensor]] = [[] for _ in range(self.fragments)]  # each fragment's parameters
         self.synced = False  # finish() or adopt() left every replica at the anchor, until the next step
@@ -177,6 +178,9 @@ class LocalSteps(Mode):
         if self.lags:
             own_share.new_state(state, state["anchor"])
         return state
+
+    def observe_micro_batch(self, plan: list[Bucket], *, last: bool) -> None:
+        self.scale.observe([stack for bucket in plan for stack in bucket.stacks], last=last)
 
     def step(self, plan: list[Bucket]) -> None:
         """One inner step; at the end of a round, the exchange and the outer step (streaming: the exchange starts

@@ -48,6 +48,9 @@ class Mode:
         """One optimizer step on ``plan``."""
         raise NotImplementedError
 
+    def observe_micro_batch(self, plan: list[Bucket], *, last: bool) -> None:
+        """A micro-batch's gradient was added to the parameters' (``last``: the step's last one)."""
+
     def end_step(self, plan: list[Bucket]) -> None:
         """After every step (the optimizer's counters already moved on)."""
 

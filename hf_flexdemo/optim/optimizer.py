@@ -243,6 +243,16 @@ class FlexDeMo(StateDictMixin, DriftChecking, Optimizer):
         return loss
 
     @torch.no_grad()
+    def observe_micro_batch(self, *, last: bool) -> None:
+        """Call after each micro-batch's backward, before clipping, on every rank (``FlexDeMoTrainer`` does);
+        ``last``: the step's last micro-batch. With ``progress_scale_estimate="micro_batches"`` the step's
+        micro-batches, taken at the same weights, give the lengthening its signal estimate
+        (:mod:`~hf_flexdemo.optim.progress_scale`); otherwise nothing happens. Elementwise on the parameters' device,
+        no collective, no host sync."""
+        if self.options["progress_scale_estimate"] == "micro_batches" and not self.adamw_only:
+            self.mode.observe_micro_batch(self.exchange_plan(), last=last)
+
+    @torch.no_grad()
     def finish(self, *, final: Literal["compressed", "dense"] = FINAL) -> dict[str, int]:
         """End of training: every exchange in flight lands, and with local steps one final round of every fragment
         brings each node's steps since its last round into the consensus, so the parameters on every replica are

@@ -9,20 +9,31 @@ the round's pseudo-gradient multiplied, per element, by
 
     f = sqrt(R v / (v + (R - 1) s)),   in [1, sqrt(R)],
 
-with ``v`` and ``s`` bias-corrected. ``s`` comes from the node's own gradients: consecutive steps' batches are
-independent, so ``E[g_t * g_{t-1}] = s``, averaged by an EMA and clipped to ``[0, v]``. By default that EMA's decay is
-the inner AdamW's ``beta2`` and ``v`` is its second moment: then ``f`` is the ratio of the two AdamW steps'
-denominators, each an EMA of ``beta2``. ``progress_scale_decay`` gives the estimate a memory of its own: the products
-and ``v`` are then EMAs of that decay, ``v`` one more state tensor (:data:`SQUARES`), so ``f`` follows the signal's
-current share.
+with ``v`` and ``s`` bias-corrected. ``s`` comes from the node's own gradients, averaged by an EMA and clipped to
+``[0, v]``, from one of two products (``progress_scale_estimate``):
+
+* ``"consecutive"`` (:class:`BatchScaled`): consecutive steps' batches are independent, so ``E[g_t * g_{t-1}] = s``
+  where the weights stood still. They do not: the step between the two gradients follows the first one's noise, and
+  the second answers it, so on a curved loss the product reads the signal low, and where the step oscillates it
+  reads it below 0.
+* ``"micro_batches"`` (:class:`MicroBatchScaled`): a step's micro-batches are independent and taken at the same
+  weights, so the product of the first ones' summed gradient ``a`` and the last one's ``g - a`` has expectation
+  ``w (1 - w) s`` for the share ``w`` of the first ones. The training loop reports each micro-batch's gradient,
+  before clipping (:meth:`MicroBatchScaled.observe`); ``v`` is then an EMA of the same unclipped gradients' squares.
+
+By default the EMAs' decay is the inner AdamW's ``beta2``, and with consecutive products ``v`` is AdamW's second
+moment: then ``f`` is the ratio of the two AdamW steps' denominators, each an EMA of ``beta2``.
+``progress_scale_decay`` gives the estimate a memory of its own: the products and ``v`` are then EMAs of that decay,
+``v`` one more state tensor (:data:`SQUARES`), so ``f`` follows the signal's current share.
 
 The node's own path stays its AdamW's. The difference, ``(f - 1)`` times each step's displacement, accumulates in
 ``extra_progress`` until the replica restarts from the anchor, and the exchange counts the replica as being at
 ``local + extra_progress`` (:func:`positions`). Everything is elementwise on the parameter's device; the step count
 lives on the host, as torch's AdamW keeps it.
 
-:func:`for_option` gives the local-steps mode one object for either value: :class:`Unscaled` (``"none"``, every hook a
-no-op, a replica's position its shard) or :class:`BatchScaled` (``"batch"``, the functions below).
+:func:`for_option` gives the local-steps mode one object for the knobs: :class:`Unscaled` (``"none"``, every hook a
+no-op, a replica's position its shard), :class:`BatchScaled` or :class:`MicroBatchScaled` (``"batch"``, the functions
+below).
 """
 
 from __future__ import annotations
@@ -32,11 +43,13 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from ..knobs import check
 from .plan import Stack, local_shard
 
 PREV, LAG, EXTRA, SQUARES = "prev_grad", "lag_product", "extra_progress", "grad_square"
 KEYS = (PREV, LAG, EXTRA, SQUARES)  # SQUARES only with a decay of the estimate's own
 PER_NODE = (PREV, LAG)  # each node's own gradients, as the inner moments
+Estimate = Literal["consecutive", "micro_batches"]
 
 
 def new_state(state: dict[str, Any], shard: Tensor, keys: tuple[str, ...]) -> dict[str, Any]:
@@ -67,38 +80,56 @@ def accumulate(stacks: list[Stack], nodes: int, decay: float | None = None) -> N
     step's displacement to ``extra_progress``, for every shard with a gradient (foreach, one pass per stack and step
     count). ``decay``: the EMAs' (None: the inner AdamW's ``beta2``, whose second moment is ``v``)."""
     for stack in stacks:
-        by_step: dict[int, list[tuple[Tensor, dict[str, Any]]]] = {}
-        for p, state in zip(stack.params, stack.states):
-            if p.grad is not None:  # the step count is on the host, as torch's AdamW keeps it
-                by_step.setdefault(int(state["step"].item()), []).append((local_shard(p.grad).float(), state))
-        for t, items in by_step.items():
-            _accumulate([grad for grad, _ in items], [state for _, state in items], stack.group, t, nodes, decay)
+        for t, _, grads, states in by_step(stack):
+            _accumulate(grads, states, stack.group, t, nodes, decay)
+
+
+def by_step(stack: Stack) -> list[tuple[int, list[Tensor], list[Tensor], list[dict[str, Any]]]]:
+    """``stack``'s shards with a gradient, grouped by their step count (on the host, as torch's AdamW keeps it): each
+    group's count, parameters, float32 gradients and states."""
+    groups: dict[int, tuple[list[Tensor], list[Tensor], list[dict[str, Any]]]] = {}
+    for p, state in zip(stack.params, stack.states):
+        if p.grad is not None:
+            params, grads, states = groups.setdefault(int(state["step"].item()), ([], [], []))
+            params.append(p)
+            grads.append(local_shard(p.grad).float())
+            states.append(state)
+    return [(t, *group) for t, group in groups.items()]
+
+
+def _ema(averages: list[Tensor], a: list[Tensor], b: list[Tensor], decay: float) -> None:
+    torch._foreach_mul_(averages, decay)
+    torch._foreach_addcmul_(averages, a, b, value=1 - decay)
 
 
 def _accumulate(grads: list[Tensor], states: list[dict[str, Any]], group: dict[str, Any], t: int, nodes: int,
                 decay: float | None) -> None:
-    beta1, beta2 = group["betas"]
-    prev, lag, extra = ([state[key] for state in states] for key in (PREV, LAG, EXTRA))
+    beta2 = group["betas"][1]
+    prev, lag = ([state[key] for state in states] for key in (PREV, LAG))
     beta = beta2 if decay is None else decay
     if decay is not None:  # the estimate's own second moment, as AdamW keeps its
-        squares = [state[SQUARES] for state in states]
-        torch._foreach_mul_(squares, decay)
-        torch._foreach_addcmul_(squares, grads, grads, value=1 - decay)
+        _ema([state[SQUARES] for state in states], grads, grads, decay)
     if t >= 2:
-        torch._foreach_mul_(lag, beta)
-        torch._foreach_addcmul_(lag, grads, prev, value=1 - beta)
+        _ema(lag, grads, prev, beta)
     torch._foreach_copy_(prev, grads)
     if t < 2:
         return
+    own = (torch._foreach_div([state["exp_avg_sq"].float() for state in states], 1 - beta2**t) if decay is None
+           else torch._foreach_div([state[SQUARES] for state in states], 1 - decay**t))
+    lengthen(states, group, t, length_factors(own, torch._foreach_div(lag, 1 - beta ** (t - 1)), nodes))
+
+
+def lengthen(states: list[dict[str, Any]], group: dict[str, Any], t: int, f: list[Tensor]) -> None:
+    """Add ``(f - 1)`` times the inner AdamW step ``t``'s displacement (weight decay excluded) to each state's
+    ``extra_progress``; ``f`` is consumed."""
+    beta1, beta2 = group["betas"]
     v = torch._foreach_div([state["exp_avg_sq"].float() for state in states], 1 - beta2**t)
-    own = v if decay is None else torch._foreach_div(squares, 1 - decay**t)
-    f = length_factors(own, torch._foreach_div(lag, 1 - beta ** (t - 1)), nodes)
     torch._foreach_sqrt_(v)
     torch._foreach_add_(v, group["eps"])
     displacement = torch._foreach_div([state["exp_avg"].float() for state in states], 1 - beta1**t)
     torch._foreach_div_(displacement, v)
     torch._foreach_sub_(f, 1.0)
-    torch._foreach_addcmul_(extra, displacement, f, value=-group["lr"])
+    torch._foreach_addcmul_([state[EXTRA] for state in states], displacement, f, value=-group["lr"])
 
 
 def positions(stack: Stack) -> list[Tensor]:
@@ -121,6 +152,9 @@ class Unscaled:
 
     def new_state(self, state: dict[str, Any], shard: Tensor) -> dict[str, Any]:
         return state
+
+    def observe(self, stacks: list[Stack], *, last: bool) -> None:
+        """After each micro-batch's backward (read by ``progress_scale_estimate="micro_batches"`` only)."""
 
     def after_inner(self, stacks: list[Stack]) -> None:
         """After each inner AdamW step."""
@@ -154,6 +188,63 @@ class BatchScaled(Unscaled):
         restart(stacks)
 
 
-def for_option(value: Literal["none", "batch"], nodes: int, decay: float | None = None) -> Unscaled:
-    """The object for ``progress_scale=value`` among ``nodes`` nodes (``decay``: ``progress_scale_decay``)."""
-    return BatchScaled(nodes, decay) if value == "batch" else Unscaled()
+class MicroBatchScaled(BatchScaled):
+    """``progress_scale="batch"`` with ``progress_scale_estimate="micro_batches"``: ``s`` from the products of a step's
+    micro-batches, which :meth:`observe` reads before the gradients are clipped (the module docstring). The first
+    micro-batches' gradient waits in one float32 buffer per shard until the step's last micro-batch."""
+
+    def __init__(self, nodes: int, decay: float | None = None) -> None:
+        super().__init__(nodes, decay)
+        self.per_node = (LAG, SQUARES)
+        self.first: dict[int, Tensor] = {}  # id(parameter) -> the step's first micro-batches' gradient
+        self.parts = 0  # micro-batches observed in this step before its last
+        self.observed = False  # the step's last micro-batch was observed
+
+    def observe(self, stacks: list[Stack], *, last: bool) -> None:
+        """A micro-batch's gradient has been added to the parameters' (reduced inside the node, not yet clipped).
+        Before the step's last: the sum so far waits. At the last: the product of that sum and the rest, scaled to
+        ``s``, and the gradient's square enter the EMAs."""
+        if not last:
+            shards = [(p, local_shard(p.grad)) for stack in stacks for p in stack.params if p.grad is not None]
+            check(bool(shards), "progress_scale_estimate", "micro_batches", "a gradient after every micro-batch: none "
+                  "was reduced before the step's last micro-batch; reduce inside the node after each one (Accelerate's "
+                  "sync_each_batch=True, as FlexDeMoTrainer sets it)")
+            for p, grad in shards:
+                self.first.setdefault(id(p), torch.empty_like(grad, dtype=torch.float32)).copy_(grad)
+            self.parts += 1
+            return
+        check(self.parts > 0, "progress_scale_estimate", "micro_batches", "two micro-batches or more per step "
+              "(gradient_accumulation_steps >= 2, observed before the last one), or progress_scale_estimate="
+              "'consecutive'")
+        w = self.parts / (self.parts + 1)  # the first micro-batches' share of the step's gradient
+        for stack in stacks:
+            decay = stack.group["betas"][1] if self.decay is None else self.decay
+            for _, params, grads, states in by_step(stack):
+                first = [self.first[id(p)] for p in params]
+                rest = torch._foreach_sub(grads, first)
+                torch._foreach_div_(rest, w * (1 - w))
+                _ema([state[LAG] for state in states], first, rest, decay)
+                _ema([state[SQUARES] for state in states], grads, grads, decay)
+        self.parts, self.observed = 0, True
+
+    def after_inner(self, stacks: list[Stack]) -> None:
+        check(self.observed, "progress_scale_estimate", "micro_batches", "a step whose micro-batches were observed: "
+              "call FlexDeMo.observe_micro_batch(last=...) after each micro-batch's backward, before clipping "
+              "(FlexDeMoTrainer does), or progress_scale_estimate='consecutive'")
+        self.observed = False
+        for stack in stacks:
+            decay = stack.group["betas"][1] if self.decay is None else self.decay
+            for t, _, _, states in by_step(stack):  # t products observed, one per step
+                own, s = ([state[key] for state in states] for key in (SQUARES, LAG))
+                f = length_factors(torch._foreach_div(own, 1 - decay**t), torch._foreach_div(s, 1 - decay**t),
+                                   self.nodes)
+                lengthen(states, stack.group, t, f)
+
+
+def for_option(value: Literal["none", "batch"], nodes: int, decay: float | None = None,
+               estimate: Estimate = "consecutive") -> Unscaled:
+    """The object for ``progress_scale=value`` among ``nodes`` nodes (``decay``: ``progress_scale_decay``,
+    ``estimate``: ``progress_scale_estimate``)."""
+    if value != "batch":
+        return Unscaled()
+    return MicroBatchScaled(nodes, decay) if estimate == "micro_batches" else BatchScaled(nodes, decay)

@@ -20,6 +20,9 @@ def _train_losses(log_history: list[dict]) -> dict[int, float]:
 
 
 MID_ROUND = [("none", 1, 10), ("delayed", 1, 8), ("delayed", 0, 9)]  # (overlap, outer_fragments, checkpoint step)
+# the lengthening's estimate from each step's two micro-batches, in rounds of 4 streamed in the default fragments
+MICRO = ["--steps", "10", "--logging_steps", "1", "--local_steps", "4", "--topk", "0", "--overlap", "delayed",
+         "--batch", "2", "--ga", "2", "--progress_scale", "batch", "--progress_scale_estimate", "micro_batches"]
 
 
 def _mid_round_flags(overlap: str, fragments: int) -> list[str]:
@@ -46,6 +49,8 @@ def flexdemo_runs(tmp_path_factory):
         name, flags = f"local-{overlap}-{fragments}-{save}", _mid_round_flags(overlap, fragments)
         runs += [[name, "--save_steps", str(save), "--final_save", *flags],
                  [f"{name}-resumed", "--resume", str(out / name / f"checkpoint-{save}"), *flags]]
+    runs += [["micro", "--save_steps", "6", *MICRO],
+             ["micro-resumed", "--resume", str(out / "micro" / "checkpoint-6"), *MICRO]]
     return out, _launch(out, runs)
 
 
@@ -156,6 +161,23 @@ def test_local_steps_resume_mid_round_is_exact_and_log_outer_rounds(flexdemo_run
     saved = AutoModelForSeq2SeqLM.from_pretrained(straight)
     with torch.no_grad():
         torch.testing.assert_close(saved(**fixed_batch()).logits, ranks[0]["consensus_logits"], atol=1e-5, rtol=1e-5)
+
+
+def test_the_estimate_from_micro_batches_trains_and_resumes_exactly(flexdemo_runs):
+    """``progress_scale_estimate="micro_batches"`` under the Trainer, 2 x 2 with gradient accumulation 2: the trainer
+    reduces every micro-batch inside the node (Accelerate's sync_each_batch) and reports each one to the optimizer,
+    which refuses a step without them, so training at all shows the wiring; the estimate moved on every shard with a
+    gradient (not on the decoder's relative-position rows of distances no training pair reaches), the nodes end at
+    one model, and a resume mid-round (step 6 of rounds of 4) continues bit for bit."""
+    ranks, resumed = flexdemo_runs[1]["micro"], flexdemo_runs[1]["micro-resumed"]
+    want, got = _train_losses(ranks[0]["log_history"]), _train_losses(resumed[0]["log_history"])
+    assert sorted(want) == list(range(1, 11)) and all(got[step] == want[step] for step in range(7, 11))
+    for rank_straight, rank_resumed in zip(ranks, resumed):
+        assert rank_straight["sync_each_batch"] and len(rank_straight["estimated"]) > 10
+        assert all(moved or "relative_attention_bias" in name for name, moved in rank_straight["estimated"].items())
+        for name, value in rank_straight["params"].items():
+            assert torch.equal(value, rank_resumed["params"][name]), name
+            assert torch.equal(value, ranks[0]["params"][name]), name
 
 
 @pytest.mark.parametrize("method", ["adamw", "demo"])

@@ -34,6 +34,23 @@ def test_overlap_in_backward_refuses_gradient_clipping_it_would_skip(tmp_path):
     FlexDeMoTrainer(model=tiny_t5(), args=_args(tmp_path, max_grad_norm=0.0), flexdemo_config=config)
 
 
+def test_the_micro_batch_estimate_needs_micro_batches_each_reduced(tmp_path):
+    """``progress_scale_estimate="micro_batches"``: one micro-batch per step, or Accelerate told not to reduce each
+    one, is refused with the fix; with two, the trainer turns on sync_each_batch."""
+    config = FlexDeMoConfig(progress_scale="batch", progress_scale_estimate="micro_batches")
+    with pytest.raises(ValueError, match=r"invalid gradient_accumulation_steps=1 with progress_scale_estimate="
+                                         r"'micro_batches'; accepted: 2 or more \(--gradient_accumulation_steps 2"):
+        FlexDeMoTrainer(model=tiny_t5(), args=_args(tmp_path), flexdemo_config=config)
+    unsynced = _args(tmp_path, gradient_accumulation_steps=2,
+                     accelerator_config={"gradient_accumulation_kwargs": {"sync_each_batch": False}})
+    with pytest.raises(ValueError, match=r"sync_each_batch=False with progress_scale_estimate='micro_batches'; "
+                                         r"accepted: True, or unset"):
+        FlexDeMoTrainer(model=tiny_t5(), args=unsynced, flexdemo_config=config)
+    trainer = FlexDeMoTrainer(model=tiny_t5(), args=_args(tmp_path, gradient_accumulation_steps=2),
+                              flexdemo_config=config)
+    assert trainer.accelerator.gradient_state.plugin_kwargs["sync_each_batch"]
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [({"method": "sgd"}, "method='sgd'; accepted: flexdemo | demo | adamw"),
@@ -223,6 +240,8 @@ def test_the_model_card_names_the_mode():
         training_mode(scaled, 2))
     assert "nodes' batch by an estimate of decay 0.99, plain" in training_mode(
         dataclasses.replace(scaled, progress_scale_decay=0.99), 2)
+    assert "nodes' batch by an estimate from each step's micro-batches, plain" in training_mode(
+        dataclasses.replace(scaled, progress_scale_estimate="micro_batches"), 2)
     assert "lands 1 inner step(s) after" in training_mode(FlexDeMoConfig(local_steps=8, overlap="delayed",
                                                                           outer_delay=1), 2)
     # the outer lr's default follows the nodes: sqrt(R / 2), at least 1

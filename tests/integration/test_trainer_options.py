@@ -92,6 +92,8 @@ def test_flexdemo_knobs_are_refused_with_the_adamw_baseline():
     ({"budget_min_rate": 0.1}, "budget_min_rate", r"the default \(0.015625\) without a budget"),
     ({"budget_max_rate": 0.5}, "budget_max_rate", r"the default \(0.25\) without a budget"),
     ({"progress_scale_decay": 0.99}, "progress_scale_decay", r"None \(the default\) with progress_scale='none'"),
+    ({"progress_scale_estimate": "micro_batches"}, "progress_scale_estimate",
+     r"'consecutive' \(the default\) with progress_scale='none'"),
 ])
 def test_a_knob_that_would_do_nothing_is_refused_as_outer_fragments_is(knobs, field, accepted):
     message = rf"FlexDeMo: invalid {field}=.*; accepted: {accepted}"

@@ -30,15 +30,27 @@ def _stack(p: torch.Tensor, scale: progress_scale.Unscaled | None = None) -> Sta
     return Stack(index=0, layout=BlockLayout.for_shape(tuple(p.shape), 8), group=group, params=[p], states=[state])
 
 
+def _observe(scale: progress_scale.Unscaled, stack: Stack, first: torch.Tensor, total: torch.Tensor) -> None:
+    """A step of two micro-batches: ``first`` the first one's share of the gradient, ``total`` the step's."""
+    p = stack.params[0]
+    p.grad = first
+    scale.observe([stack], last=False)
+    p.grad = total
+    scale.observe([stack], last=True)
+
+
 def _factors(scale: progress_scale.Unscaled, mus: list[torch.Tensor]) -> torch.Tensor:
-    """Run AdamW on unit noise around each of ``mus`` in turn (one step each); per element, the factor the extra
-    progress of the last step carries: 1 + extra / the step AdamW took."""
+    """Run AdamW on unit noise around each of ``mus`` in turn (one step each, of two micro-batches whose noise is
+    independent: the step's unit noise split); per element, the factor the extra progress of the last step carries:
+    1 + extra / the step AdamW took."""
     torch.manual_seed(0)
+    split = torch.Generator().manual_seed(1)
     p = torch.zeros(mus[0].numel(), requires_grad=True)
     stack = _stack(p, scale)
     for mu in mus:
-        p.grad = mu + torch.randn(mu.numel())
+        noise, half = torch.randn(mu.numel()), torch.randn(mu.numel(), generator=split)
         with torch.no_grad():
+            _observe(scale, stack, (mu + noise + half) / 2, mu + noise)
             before = p.detach().clone()
             adamw_step([stack])
             scale.restart([stack])
@@ -47,20 +59,72 @@ def _factors(scale: progress_scale.Unscaled, mus: list[torch.Tensor]) -> torch.T
     return 1 + stack.states[0][progress_scale.EXTRA] / (p.detach() - before)
 
 
-@pytest.mark.parametrize(("decay", "within"), [(None, 0.05), (0.99, 0.08)])
+@pytest.mark.parametrize(("scaled", "decay", "within"), [(progress_scale.BatchScaled, None, 0.05),
+                                                         (progress_scale.BatchScaled, 0.99, 0.08),
+                                                         (progress_scale.MicroBatchScaled, None, 0.08)])
 @pytest.mark.parametrize("nodes", [2, 8])
-def test_the_extra_progress_is_the_nodes_batch_step_less_the_nodes_own(nodes, decay, within):
+def test_the_extra_progress_is_the_nodes_batch_step_less_the_nodes_own(nodes, scaled, decay, within):
     """Three blocks of elements, expected gradient 0, 0.3 and 1 under unit noise: after 1,500 steps the extra progress
     of one more step, per block, is (f - 1) times the step AdamW took, f = sqrt((mu^2 + 1) / (mu^2 + 1 / R)), with the
-    estimate's EMAs at AdamW's beta2 or at a decay of their own. A memory of 100 steps reads the signal with more
-    noise, which the clip at 0 turns into a shorter factor where there is none (2.64 for sqrt(8) = 2.83)."""
+    estimate's EMAs at AdamW's beta2 or at a decay of their own, from consecutive gradients or from each step's two
+    micro-batches. A memory of 100 steps reads the signal with more noise, which the clip at 0 turns into a shorter
+    factor where there is none (2.64 for sqrt(8) = 2.83); so do the products of two half batches, four times as
+    variable as those of two whole ones (2.67)."""
     n = 1024
     mu = torch.cat([torch.zeros(n), torch.full((n,), 0.3), torch.ones(n)])
-    ratio = _factors(progress_scale.BatchScaled(nodes, decay), [mu] * 1500)
+    ratio = _factors(scaled(nodes, decay), [mu] * 1500)
     for block, m in enumerate((0.0, 0.3, 1.0)):
         expected = math.sqrt((m * m + 1) / (m * m + 1 / nodes))
         got = ratio[block * n:(block + 1) * n].mean().item()
         assert abs(got - expected) < within * expected, (m, got, expected)
+
+
+def _signal_read(scale: progress_scale.BatchScaled, curvature: float, steps: int = 3000) -> tuple[float, float]:
+    """AdamW (lr 1e-2) at a minimum of curvature ``curvature`` under noise: each step's two micro-batches see the
+    expected gradient ``G = curvature * p`` plus noise of variance 2 (1 for the step's mean). The mean over the
+    elements of the signal at the weights (an EMA of G^2 at beta2, bias-corrected) and of the estimate's ``s``."""
+    torch.manual_seed(0)
+    p = torch.zeros(2048, requires_grad=True)
+    stack = _stack(p, scale)
+    stack.group["lr"] = 1e-2
+    signal = torch.zeros(2048)
+    for _ in range(steps):
+        expected = curvature * p.detach()
+        halves = [expected + 2**0.5 * torch.randn(2048) for _ in range(2)]
+        with torch.no_grad():
+            _observe(scale, stack, halves[0] / 2, (halves[0] + halves[1]) / 2)
+            adamw_step([stack])
+            scale.after_inner([stack])
+        signal.mul_(0.999).add_(expected.square(), alpha=0.001)
+    products = steps if isinstance(scale, progress_scale.MicroBatchScaled) else steps - 1
+    correction = 1 - 0.999**steps, 1 - 0.999**products
+    return (signal / correction[0]).mean().item(), (stack.states[0][progress_scale.LAG] / correction[1]).mean().item()
+
+
+def test_micro_batches_read_the_signal_at_the_weights_where_consecutive_gradients_read_it_low():
+    """Where each step moves the next gradient against the last one's noise (a curved minimum), the products of
+    consecutive gradients read the signal at the weights about a quarter low (0.32 for 0.43, measured); the products
+    of a step's micro-batches, taken at the same weights, read it (0.427 for 0.428)."""
+    signal, consecutive = _signal_read(progress_scale.BatchScaled(8), curvature=100.0)
+    same, micro = _signal_read(progress_scale.MicroBatchScaled(8), curvature=100.0)
+    assert same == signal and signal > 0.3
+    assert abs(micro - signal) < 0.03 * signal, (micro, signal)
+    assert consecutive < 0.85 * signal, (consecutive, signal)
+
+
+def test_the_micro_batch_estimate_refuses_a_step_it_did_not_observe():
+    p = torch.zeros(16, requires_grad=True)
+    scale = progress_scale.MicroBatchScaled(4)
+    stack = _stack(p, scale)
+    with pytest.raises(ValueError, match=r"invalid progress_scale_estimate='micro_batches'.*gradient_accumulation"):
+        scale.observe([stack], last=True)  # one micro-batch: no product
+    with pytest.raises(ValueError, match=r"a gradient after every micro-batch: none was reduced"):
+        scale.observe([stack], last=False)  # no gradient yet (Accelerate's no_sync)
+    p.grad = torch.ones(16)
+    with torch.no_grad():
+        adamw_step([stack])
+    with pytest.raises(ValueError, match=r"call FlexDeMo.observe_micro_batch"):
+        scale.after_inner([stack])
 
 
 def test_a_decay_of_its_own_follows_a_falling_signal_that_beta2_still_remembers():
@@ -99,3 +163,8 @@ def test_for_option_gives_a_no_op_for_none_and_the_functions_for_batch():
     assert scaled.per_node == progress_scale.PER_NODE
     own = progress_scale.for_option("batch", 4, 0.99)
     assert set(own.new_state({}, p)) == set(progress_scale.KEYS) and own.per_node[-1] == progress_scale.SQUARES
+    micro = progress_scale.for_option("batch", 4, estimate="micro_batches")
+    assert isinstance(micro, progress_scale.MicroBatchScaled)
+    assert set(micro.new_state({}, p)) == {progress_scale.LAG, progress_scale.SQUARES, progress_scale.EXTRA}
+    assert micro.per_node == (progress_scale.LAG, progress_scale.SQUARES)
+    assert type(progress_scale.for_option("none", 4, estimate="micro_batches")) is progress_scale.Unscaled

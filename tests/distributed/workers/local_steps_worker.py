@@ -26,30 +26,47 @@ def loss64(model, step: int, rank: int) -> torch.Tensor:
 
 @torch.no_grad()
 def lengthen(adamw: torch.optim.AdamW, extra: list[torch.Tensor], stats: list[dict], *, nodes: int,
-             decay: float | None) -> None:
+             decay: float | None, micro: bool = False) -> None:
     """progress_scale="batch" on a reference replica after its AdamW step, in float64: AdamW's displacement times
     (f - 1) joins ``extra``, f = sqrt(R w / (w + (R - 1) s)), s the EMA of consecutive gradients' products in [0, w]
-    and w AdamW's second moment, or with ``decay`` both EMAs of that decay."""
+    and w AdamW's second moment, or with ``decay`` both EMAs of that decay; ``micro``: s and w the EMAs
+    :func:`observe` keeps."""
     (beta1, beta2), eps, lr = adamw.defaults["betas"], adamw.defaults["eps"], adamw.defaults["lr"]
     beta = beta2 if decay is None else decay
     for p, more, kept in zip(adamw.param_groups[0]["params"], extra, stats):
         state, t = adamw.state[p], int(adamw.state[p]["step"])
-        kept["sq"] = beta * kept["sq"] + (1 - beta) * p.grad * p.grad
-        if t >= 2:
-            kept["lag"] = beta * kept["lag"] + (1 - beta) * p.grad * kept["prev"]
-        kept["prev"] = p.grad.clone()
-        if t < 2:
-            continue
+        if not micro:
+            kept["sq"] = beta * kept["sq"] + (1 - beta) * p.grad * p.grad
+            if t >= 2:
+                kept["lag"] = beta * kept["lag"] + (1 - beta) * p.grad * kept["prev"]
+            kept["prev"] = p.grad.clone()
+            if t < 2:
+                continue
         v = state["exp_avg_sq"] / (1 - beta2**t)
-        w = v if decay is None else kept["sq"] / (1 - decay**t)
-        s = torch.minimum((kept["lag"] / (1 - beta ** (t - 1))).clamp(min=0), w)
+        w = v if decay is None and not micro else kept["sq"] / (1 - beta**t)
+        s = torch.minimum((kept["lag"] / (1 - beta ** (t - (0 if micro else 1)))).clamp(min=0), w)
         f = torch.sqrt(nodes * w / (w + (nodes - 1) * s))
         more -= lr * (f - 1) * (state["exp_avg"] / (1 - beta1**t)) / (v.sqrt() + eps)
+
+
+@torch.no_grad()
+def observe(adamw: torch.optim.AdamW, firsts: list[torch.Tensor], stats: list[dict], decay: float | None) -> None:
+    """progress_scale_estimate="micro_batches" on a reference replica at its step's last micro-batch, in float64:
+    ``firsts`` the first micro-batch's gradient (half of the step's), the EMAs of 4 a (g - a) and of g^2."""
+    beta = adamw.defaults["betas"][1] if decay is None else decay
+    for p, first, kept in zip(adamw.param_groups[0]["params"], firsts, stats):
+        kept["lag"] = beta * kept["lag"] + (1 - beta) * first * (p.grad - first) * 4
+        kept["sq"] = beta * kept["sq"] + (1 - beta) * p.grad * p.grad
 
 
 def decay_of(args) -> float | None:
     """The case's ``progress_scale_decay`` ("none": None)."""
     return None if args.progress_scale_decay == "none" else float(args.progress_scale_decay)
+
+
+def parts_of(args) -> int:
+    """Micro-batches per step: 2 with ``progress_scale_estimate="micro_batches"``, else 1."""
+    return 2 if args.progress_scale_estimate == "micro_batches" else 1
 
 
 def case_averaging(args) -> dict:
@@ -58,8 +75,9 @@ def case_averaging(args) -> dict:
     Each reference replica runs torch's AdamW on its node's mean gradient for H steps; then every replica's
     parameters become the replicas' mean (the inner AdamW keeps its moments across rounds). With
     ``progress_scale="batch"``, the mean of where the replicas are counted: their parameters plus the extra progress
-    of :func:`lengthen`."""
-    steps, rounds = int(args.steps), int(args.local_steps)
+    of :func:`lengthen`. With ``progress_scale_estimate="micro_batches"``, each step's two micro-batches (half the
+    loss each), every one reduced inside the node, and the estimate from their products (:func:`observe`)."""
+    steps, rounds, parts = int(args.steps), int(args.local_steps), parts_of(args)
     mesh = build_hybrid_mesh(shard_size=2)
     model = mlp()
     replicas = [copy.deepcopy(model).double() for _ in NODES]
@@ -67,22 +85,30 @@ def case_averaging(args) -> dict:
     lr, wd = 0.05, 0.1
     opt = FlexDeMo(model.parameters(), lr=lr, weight_decay=wd, replicate_group=mesh["dp_replicate"].get_group(),
                    local_steps=rounds, overlap="none", compression=CompressionPolicy(replicator="full"),
-                   guards=GuardPolicy(drift_check_every=1), outer=OuterPolicy(progress_scale=args.progress_scale,
-                                     progress_scale_decay=decay_of(args)))
+                   guards=GuardPolicy(drift_check_every=1), outer=OuterPolicy(
+                       progress_scale=args.progress_scale, progress_scale_decay=decay_of(args),
+                       progress_scale_estimate=args.progress_scale_estimate))
     inner = [torch.optim.AdamW(r.parameters(), lr=lr, weight_decay=wd) for r in replicas]
     extra = [[torch.zeros_like(p) for p in r.parameters()] for r in replicas]  # progress_scale="batch"'s
     stats = [[dict.fromkeys(("prev", "lag", "sq"), torch.zeros_like(p)) for p in r.parameters()] for r in replicas]
     for step in range(steps):
-        mlp_loss(model, step, dist.get_rank()).backward()
+        for part in range(parts):
+            (mlp_loss(model, parts * step + part, dist.get_rank()) / parts).backward()
+            opt.observe_micro_batch(last=part == parts - 1)
         opt.step()
         opt.zero_grad()
         for replica, adamw, ranks, more, kept in zip(replicas, inner, NODES, extra, stats):
             adamw.zero_grad()
-            for rank in ranks:
-                (loss64(replica, step, rank) / len(ranks)).backward()
+            for part in range(parts):
+                for rank in ranks:
+                    (loss64(replica, parts * step + part, rank) / len(ranks) / parts).backward()
+                if part < parts - 1:
+                    firsts = [p.grad.clone() for p in replica.parameters()]
+            if parts > 1:
+                observe(adamw, firsts, kept, decay_of(args))
             adamw.step()
             if args.progress_scale == "batch":
-                lengthen(adamw, more, kept, nodes=len(NODES), decay=decay_of(args))
+                lengthen(adamw, more, kept, nodes=len(NODES), decay=decay_of(args), micro=parts > 1)
         if (step + 1) % rounds == 0:
             with torch.no_grad():
                 for ps, mores in zip(zip(*(r.parameters() for r in replicas)), zip(*extra)):
@@ -112,11 +138,15 @@ def case_habits(args) -> dict:
                    compression=CompressionPolicy(rate=float(args.rate), chunk=8, value_dtype=args.value_dtype,
                                                  replicator=args.replicator),
                    guards=GuardPolicy(drift_check_every=0),
-                   outer=OuterPolicy(delay=int(args.outer_delay), fragments=1, progress_scale=args.progress_scale))
-    logs, stats, after_exchange = [], [], []
+                   outer=OuterPolicy(delay=int(args.outer_delay), fragments=1, progress_scale=args.progress_scale,
+                                     progress_scale_estimate=args.progress_scale_estimate))
+    logs, stats, after_exchange, parts = [], [], [], parts_of(args)
     for step in range(3 * int(args.local_steps)):  # the first round unobserved: it creates the state
-        model(**batch(step, dist.get_rank())).loss.backward()
         log = {"collectives": [], "syncs": []}
+        for part in range(parts):  # each micro-batch's reduce inside the node unobserved: FSDP2's
+            model(**batch(parts * step + part, dist.get_rank())).loss.backward()
+            with observed(log, {id(state["step"]) for state in opt.state.values()}):
+                opt.observe_micro_batch(last=part == parts - 1)
         with observed(log, {id(state["step"]) for state in opt.state.values()}):
             opt.step()
         opt.zero_grad()
@@ -144,12 +174,15 @@ def case_resume(args) -> dict:
                   outer_lr=0.7, outer_momentum=0.9,
                   compression_rate=float(args.rate), compression_chunk=8, overlap=args.overlap,
                   outer_delay=int(args.outer_delay), progress_scale=args.progress_scale,
-                  progress_scale_decay=decay_of(args),
+                  progress_scale_decay=decay_of(args), progress_scale_estimate=args.progress_scale_estimate,
                   drift_check_every=1)  # the exact check, wherever replicas agree (streaming: in the landing step)
+    parts = parts_of(args)
 
     def train(model, opt, steps):
         for step in steps:
-            model(**batch(step, dist.get_rank())).loss.backward()
+            for part in range(parts):
+                model(**batch(parts * step + part, dist.get_rank())).loss.backward()
+                opt.observe_micro_batch(last=part == parts - 1)
             opt.step()
             opt.zero_grad()
 
@@ -248,4 +281,5 @@ def case_nonfinite(args) -> dict:
 if __name__ == "__main__":
     main(globals(), {"steps": "6", "local_steps": "3", "topology": "2x2", "value_dtype": "int2", "overlap": "none",
                      "outer_delay": "1", "bad": "5", "rate": "0.25", "replicator": "demo",
-                     "progress_scale": "none", "progress_scale_decay": "none"})
+                     "progress_scale": "none", "progress_scale_decay": "none",
+                     "progress_scale_estimate": "consecutive"})

@@ -53,6 +53,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--value_dtype", default="auto")
     parser.add_argument("--outer_fragments", type=int, default=None, help="default: the package's choice")
     parser.add_argument("--replicator", default="demo", help="none: one node's emulated wire")
+    parser.add_argument("--progress_scale", default="none")
+    parser.add_argument("--progress_scale_estimate", default="consecutive")
     parser.add_argument("--undeclared_loss_kwargs", action="store_true", help="T5 as from_pretrained gives it: "
                         "its forward's **kwargs make Trainer take it to read num_items_in_batch")
     return parser.parse_args(argv)
@@ -73,7 +75,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     knobs = {} if args.method == "adamw" else dict(  # the AdamW baseline refuses FlexDeMo knobs
         compression_topk=args.topk or None, compression_chunk=8, overlap=args.overlap,
         bucket_cap_mb=args.bucket_cap_mb, local_steps=args.local_steps, value_dtype=args.value_dtype,
-        outer_fragments=args.outer_fragments, replicator=args.replicator,
+        outer_fragments=args.outer_fragments, replicator=args.replicator, progress_scale=args.progress_scale,
+        progress_scale_estimate=args.progress_scale_estimate,
         **({"update": args.update} if args.local_steps == 1 else {}))
     shard_size = None if args.method == "demo" else args.shard_size or None  # demo shards nothing
     config = FlexDeMoConfig(method=args.method, shard_size=shard_size, reduce_dtype=args.reduce_dtype, **knobs)
@@ -116,6 +119,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                  for m in trainer.model.modules() if hasattr(m, "_get_fsdp_state")
                                  and m._get_fsdp_state()._fsdp_param_group is not None}),
         "bf16_exact_grads": bf16_exact_grads,
+        "sync_each_batch": trainer.accelerator.gradient_state.plugin_kwargs.get("sync_each_batch", False),
+        "estimated": None if opt is None else {n: bool(opt.state[p]["lag_product"].any())
+                                               for n, p in trainer.model.named_parameters()
+                                               if "lag_product" in opt.state.get(p, {})},
     }
 
 
