@@ -15,7 +15,15 @@ a step, keeps the estimator's state as the optimizer does, and at each checkpoin
 * ``f_ema`` and ``f_probe``: the factor at ``--nodes`` nodes per tensor from those sums, averaged by size;
 * ``f_element``: the mean of the factor the optimizer applies, per element (``progress_scale.length_factors``).
 
+With ``--micro_batches`` each step's batch is two micro-batches, token-weighted as gradient accumulation adds them,
+and the rows add what ``progress_scale_estimate="micro_batches"`` reads on the same run, from the unclipped gradients:
+
+* ``micro_share``: its EMAs' sum(clip(s, 0, v)) / sum(v), ``s`` from the products of the two micro-batches;
+* ``f_micro_element``: the mean of its factor per element.
+
     python -m benchmarks.studies.length_factor   # minutes on one core, writes benchmarks/results/length_factor.json
+    python -m benchmarks.studies.length_factor --micro_batches --batch_sizes 32 \
+        --out benchmarks/results/length_factor_micro.json
 
 A study (``benchmarks/studies/README.md``): its figures are in docs/results.md ("Weak scaling").
 """
@@ -74,12 +82,16 @@ def measure(batch_size: int, args: argparse.Namespace, data: tuple[object, objec
         return collate([train[i] for i in rows])
 
     lag = [torch.zeros_like(p) for p in params]
+    micro, squares = [torch.zeros_like(p) for p in params], [torch.zeros_like(p) for p in params]
     prev: list[torch.Tensor] | None = None
     window: deque[tuple[float, float]] = deque(maxlen=args.window)
     rows = []
     for t in range(1, max(args.at) + 1):
         model.zero_grad(set_to_none=True)
-        model(**batch()).loss.backward()
+        if args.micro_batches:
+            step_micro_batches(model, batch(), micro, squares)
+        else:
+            model(**batch()).loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         grads = [p.grad.detach().clone() for p in params]
         if prev is not None:  # the estimator of progress_scale.accumulate
@@ -109,9 +121,32 @@ def measure(batch_size: int, args: argparse.Namespace, data: tuple[object, objec
                "probe_share": float(probe_s.sum() / probe_v.sum()), "ema_share": float(ema_s.sum() / ema_v.sum()),
                "f_ema": float(f_ema @ sizes / sizes.sum()), "f_probe": float(f_probe @ sizes / sizes.sum()),
                "f_element": f_element / float(sizes.sum())}
+        if args.micro_batches:
+            v, s = ([x / (1 - BETA2**t) for x in xs] for xs in (squares, micro))
+            clipped = [torch.minimum(x.clamp_min(0.0), y) for x, y in zip(s, v)]
+            row["micro_share"] = float(sum(x.sum() for x in clipped) / sum(y.sum() for y in v))
+            row["f_micro_element"] = float(sum(f.sum() for f in length_factors(v, s, args.nodes)) / sizes.sum())
         print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
         rows.append(row)
     return rows
+
+
+def step_micro_batches(model: torch.nn.Module, rows: dict[str, torch.Tensor], micro: list[torch.Tensor],
+                       squares: list[torch.Tensor]) -> None:
+    """Backward over ``rows`` as two micro-batches, each loss weighted by its share of the label tokens (the step's
+    gradient is then the token mean of the whole batch, as gradient accumulation gives it), and the EMAs of
+    ``progress_scale_estimate="micro_batches"``: 4 a (g - a) for the first micro-batch's share ``a``, and g^2."""
+    labels = rows["labels"].ne(-100).sum()
+    half = len(rows["labels"]) // 2
+    first = None
+    for part in (slice(0, half), slice(half, None)):
+        chunk = {k: v[part] for k, v in rows.items()}
+        (model(**chunk).loss * chunk["labels"].ne(-100).sum() / labels).backward()
+        if first is None:
+            first = [p.grad.detach().clone() for p in model.parameters()]
+    for ema, square, a, p in zip(micro, squares, first, model.parameters()):
+        ema.mul_(BETA2).add_(a * (p.grad - a), alpha=4 * (1 - BETA2))
+        square.mul_(BETA2).addcmul_(p.grad, p.grad, value=1 - BETA2)
 
 
 def main() -> None:
@@ -122,6 +157,8 @@ def main() -> None:
     parser.add_argument("--probes", type=int, default=32, help="independent batches per checkpoint")
     parser.add_argument("--window", type=int, default=100, help="steps of the lag-product reading")
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--micro_batches", action="store_true", help="each step two micro-batches; also the estimate "
+                        "from their products")
     parser.add_argument("--out", type=Path, default=harness.RESULTS / "length_factor.json")
     harness.add_provenance_flags(parser)
     args = parser.parse_args()
@@ -130,7 +167,8 @@ def main() -> None:
     data = training_data(args.seed)
     rows = [row for b in args.batch_sizes for row in measure(b, args, data)]
     bench.write(args.out, {"lr": LR, "warmup": WARMUP, "horizon": HORIZON, "nodes": args.nodes,
-                           "probes": args.probes, "window": args.window, "seed": args.seed, "rows": rows})
+                           "probes": args.probes, "window": args.window, "seed": args.seed,
+                           "micro_batches": args.micro_batches, "rows": rows})
     print(f"wrote {args.out}")
 
 
