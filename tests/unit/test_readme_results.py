@@ -583,7 +583,8 @@ def test_the_weak_scaling_table_and_its_reading_are_the_json():
     for key, run in runs.items():
         assert run["status"] == "ok" and run["knobs"]["scaling"] == "weak", key
         nodes, procs, lr, seed = where(run)
-        batch = run["training_args"]["per_device_train_batch_size"] * nodes * procs
+        batch = (run["training_args"]["per_device_train_batch_size"] * nodes * procs
+                 * run["training_args"].get("gradient_accumulation_steps", 1))
         cells = f"| {run['final_eval_loss']:.3f} | {run['best_eval_loss']:.3f} |"
         at = ("" if lr == 3e-3 else f", lr {_written(lr)}") + ("" if seed == 42 else f", seed {seed}")
         if run["method"] == "adamw":
@@ -2082,10 +2083,10 @@ def test_the_lengthening_in_the_dense_limit_is_the_json():
         f"2,000, with a training loss over the last 200 steps of {_tail(scaled):.3f} against {_tail(plain):.3f}. They "
         f"stay within {max(map(abs, drift.values())):.2f} % of the lengthened dense mean in rounds of 8 "
         f"({_gap(scaled8, base)}) at every evaluation, so the cost does not grow with how far a round drifts. A "
-        f"reading that no run has tested yet: a node's step on one gradient's noise moves the next gradient against "
-        f"that noise, so the products of consecutive gradients read the signal low (in the study above, "
-        f"{study['lag_share']:.3f} of the second moment over the last 100 steps at step 200 on 32 sequences, where the "
-        f"share at the weights is {study['probe_share']:.3f})")
+        f"reading, which the micro-batch estimate below refutes: a node's step on one gradient's noise moves the next "
+        f"gradient against that noise, so the products of consecutive gradients read the signal low (in the study "
+        f"above, {study['lag_share']:.3f} of the second moment over the last 100 steps at step 200 on 32 sequences, "
+        f"where the share at the weights is {study['probe_share']:.3f})")
     assert " ".join(prose.split()) in PROSE
     assert early[800] > max(early[s] for s in (200, 400, 600)) and result("length_factor")["window"] == 100
 
@@ -2114,3 +2115,64 @@ def test_the_lengthened_exchange_on_the_top_eighth_is_the_json():
     assert " ".join(prose.split()) in PROSE
     front = result("frontier")["fronts"]["4 nodes, weak scaling"]
     assert key.format("compression_rate=0.125 ") in front
+
+
+def test_the_micro_batch_estimate_is_the_json():
+    """"Weak scaling": progress_scale_estimate="micro_batches" at 4 weak nodes, compressed and in the dense rounds of
+    2, against AdamW-HSDP, the consecutive estimate and the unlengthened rounds; the study's reading of both estimates
+    on one run, and the seeds' spread the margins are read against."""
+    runs = result("sweep_nodes_weak")["runs"]
+    key = "flexdemo lr=0.003 {}nodes=4 outer_lr=1 procs_per_node=2 {}scaling=weak"
+    micro = "progress_scale=batch progress_scale_estimate=micro_batches "
+    compressed, dense = (runs[key.format(f"gradient_accumulation_steps=2 {rounds}", f"{micro}{wire}")]
+                         for rounds, wire in (("", ""), ("local_steps=2 ", "replicator=full ")))
+    scaled, full = "progress_scale=batch ", "replicator=full "
+    consecutive, consecutive7, consecutive_dense, plain = (
+        runs[key.format(rounds, scale) + more] for rounds, scale, more in
+        (("", scaled, ""), ("", scaled, " seed=7"), ("local_steps=2 ", scaled + full, ""),
+         ("local_steps=2 ", full, "")))
+    base = _best_adamw(runs, 4)
+    assert base["lr"] == 3e-3
+    for run in (compressed, dense):
+        assert run["flexdemo_config"]["progress_scale_estimate"] == "micro_batches"
+        assert run["training_args"]["gradient_accumulation_steps"] == 2
+        assert run["training_args"]["per_device_train_batch_size"] == 8  # 2 x 8 per rank, 32 per node and step
+    behind, ahead, cost = (_gaps_along(compressed, consecutive), _gaps_along(dense, consecutive_dense),
+                           _gaps_along(dense, plain))
+    assert min(behind.values()) > 0 and max(ahead.values()) < 0 and min(cost.values()) > 0
+    widest = max(cost, key=cost.get)
+    study = result("length_factor_micro")
+    assert study["micro_batches"] and study["nodes"] == 4
+    rows = {row["step"]: row for row in study["rows"] if row["batch_size"] == 32}
+    spread = _percent(consecutive7["final_eval_loss"], consecutive["final_eval_loss"])
+    margins = [_percent(compressed["final_eval_loss"], consecutive["final_eval_loss"]),
+               _percent(dense["final_eval_loss"], plain["final_eval_loss"])]
+    prose = (
+        f"the lengthened exchange ends {_gap(compressed, consecutive)} above the estimate from consecutive gradients "
+        f"at 4 weak nodes, and in the dense rounds of 2 it still costs {_gap(dense, plain)} over no lengthening.** "
+        f"Grid `nodes_weak` runs `progress_scale_estimate=\"micro_batches\"` at lr 3e-3, `outer_lr=1` and "
+        f"`gradient_accumulation_steps=2` (each node's 32 sequences a step in two micro-batches of 16), AMD EPYC, from "
+        f"a clean tree. Compressed (at commit {_commit_of('sweep_nodes_weak', compressed)}) it ends at "
+        f"{compressed['final_eval_loss']:.3f}, {_gap(compressed, base)} against AdamW-HSDP at 3e-3, behind the "
+        f"consecutive estimate at every evaluation (by {behind[200]:.2f} % at step 200, {behind[2000]:.2f} % at step "
+        f"2,000), with a training loss over the last 200 steps of {_tail(compressed):.3f} against "
+        f"{_tail(consecutive):.3f}. In the dense rounds of 2 (at commit {_commit_of('sweep_nodes_weak', dense)}, "
+        f"{_bits_sent(dense):.0f} bits per parameter and step) it ends at {dense['final_eval_loss']:.3f}, "
+        f"{_gap(dense, base)} against AdamW-HSDP: {_gap(dense, consecutive_dense)} against the consecutive estimate's "
+        f"lengthening there and ahead of it at every evaluation, but {_gap(dense, plain)} against the same rounds "
+        f"unlengthened and behind them at every evaluation (by {cost[widest]:.2f} % at step {widest:,}, the widest), "
+        f"with a training loss over the last 200 steps of {_tail(dense):.3f} against {_tail(consecutive_dense):.3f} "
+        f"and {_tail(plain):.3f}. "
+        f"`python -m benchmarks.studies.length_factor --micro_batches --batch_sizes 32 --nodes 4` "
+        f"(`benchmarks/results/length_factor_micro.json`, at commit {study['git_commit'][:7]} from a clean tree, AMD "
+        f"EPYC) reads both estimates on one node's run of 32 sequences a step in two micro-batches: at step 800 the "
+        f"micro-batches' products give the signal a share of {rows[800]['micro_share']:.3f} of the second moment, the "
+        f"consecutive products {rows[800]['ema_share']:.3f} and the weights {rows[800]['probe_share']:.3f} (at step "
+        f"200: {rows[200]['micro_share']:.3f}, {rows[200]['ema_share']:.3f} and {rows[200]['probe_share']:.3f}), so "
+        f"the factor at 4 nodes averages {rows[800]['f_micro_element']:.3f} per element from the micro-batches and "
+        f"{rows[800]['f_element']:.3f} from consecutive gradients.")
+    assert " ".join(prose.split()) in PROSE
+    assert not study["git_dirty"] and rows[800]["f_micro_element"] < rows[800]["f_element"]
+    assert rows[800]["micro_share"] > rows[800]["ema_share"] > rows[800]["probe_share"]
+    assert (f"the margins are {margins[0] / spread:.1f} and {margins[1] / spread:.1f} times the spread of the two "
+            f"seeds in rounds of 8 ({spread:.2f} %). One seed each.") in PROSE
