@@ -50,15 +50,22 @@ TASK, LR, WARMUP, HORIZON, BETA2 = "translation", 3e-3, 100, 2000, 0.999
 
 def training_data(seed: int) -> tuple[object, object, object]:
     """The quick preset's tokenizer, tokenized training split and collator, as ``convergence_worker`` builds them."""
+    tokenizer, tokenized, collate = quick_splits(seed)
+    return tokenizer, tokenized["train"], collate
+
+
+def quick_splits(seed: int) -> tuple[object, dict[str, object], object]:
+    """The quick preset's tokenizer, tokenized training and validation splits (model inputs only) and collator."""
     data_args = DataTrainingArguments(train_file=str(MULTI30K / "train.en.gz"), source_lang="en", target_lang="fr",
                                       validation_file=str(MULTI30K / "val.en.gz"), max_source_length=64,
                                       max_target_length=64)
     splits, _ = load_raw_datasets(TASK, data_args, None, seed)
     tokenizer = load_tokenizer(ModelArguments(tokenizer_vocab_size=4000), splits, TASK, data_args)
     training_args = Seq2SeqTrainingArguments(output_dir="/tmp/length_factor", use_cpu=True, report_to="none")
-    train = tokenize_splits(splits, TASK, tokenizer, data_args, training_args)["train"]
-    train = train.remove_columns([c for c in train.column_names if c not in ("input_ids", "attention_mask", "labels")])
-    return tokenizer, train, DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=-100)
+    tokenized = {name: split.remove_columns([c for c in split.column_names
+                                             if c not in ("input_ids", "attention_mask", "labels")])
+                 for name, split in tokenize_splits(splits, TASK, tokenizer, data_args, training_args).items()}
+    return tokenizer, tokenized, DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=-100)
 
 
 def gradients(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> list[torch.Tensor]:

@@ -1,0 +1,160 @@
+"""In the dense limit, does ``progress_scale="batch"`` turn the mean of R nodes' AdamW steps into AdamW's step on their
+mean gradient, as its factor is meant to?
+
+Every step of the dense step-wise rule, each of R nodes takes AdamW's step on its own batch at the shared weights and
+the weights move by the mean of those steps. On a noisy element that mean is up to sqrt(R) shorter than AdamW's step
+on the nodes' mean gradient, and ``progress_scale="batch"`` lengthens each node's step by ``f = sqrt(R v / (v + (R - 1)
+s))``. With the true signal this is ``sqrt(v / v_mean)``, ``v_mean`` the second moment of the nodes' mean gradient, and
+the mean of the lengthened steps is AdamW's step on that mean, up to each node clipping its own gradient. This trains
+the quick model in one process on R simulated nodes of ``--batch`` sequences (lr 3e-3, warmup 100, linear decay over
+2,000 steps, clip 1.0: the horizon preset's), every node at the same weights each step, four ways from one
+initialisation and one data order:
+
+* ``adamw``: torch's AdamW on the nodes' mean gradient, clipped as one (AdamW-HSDP);
+* ``oracle``: each node's step lengthened by ``sqrt(v / v_mean)``, ``v_mean`` an EMA of the square of the mean of the
+  nodes' clipped gradients: algebraically AdamW on that mean, so it differs from ``adamw`` by the clipping alone;
+* ``estimated``: lengthened as ``progress_scale="batch"`` does, ``s`` from the node's consecutive gradients;
+* ``mean``: not lengthened (the dense step-wise rule).
+
+Each row is a way's validation loss at a checkpoint; for ``estimated`` also the mean over the elements, weighted by the
+size of the node's step, of ``f`` and of the oracle's factor on the same weights (``f_estimated``, ``f_oracle``).
+
+    python -m benchmarks.studies.dense_lengthening   # ~20 minutes on 2 cores, writes
+                                                     # benchmarks/results/dense_lengthening.json
+
+A study (``benchmarks/studies/README.md``): its figures are in docs/results.md ("Weak scaling").
+"""
+
+from __future__ import annotations
+
+import argparse
+import warnings
+from pathlib import Path
+
+import torch
+from transformers import T5ForConditionalGeneration, set_seed
+from transformers.optimization import get_linear_schedule_with_warmup
+
+from benchmarks import harness
+from benchmarks.studies.length_factor import BETA2, HORIZON, LR, WARMUP, quick_splits
+from hf_flexdemo.optim.progress_scale import length_factors
+from hf_flexdemo.seq2seq.tiny_t5 import tiny_t5_config
+
+WAYS = ("adamw", "oracle", "estimated", "mean")
+BETA1, EPS, CLIP = 0.9, 1e-8, 1.0
+
+
+class Nodes:
+    """R nodes' AdamW moments and the lengthening's EMAs, per parameter, at shared weights."""
+
+    def __init__(self, params: list[torch.Tensor], nodes: int) -> None:
+        def zeros() -> list[list[torch.Tensor]]:
+            return [[torch.zeros_like(p) for p in params] for _ in range(nodes)]
+
+        self.m, self.v, self.lag, self.prev = zeros(), zeros(), zeros(), zeros()
+        self.v_mean = [torch.zeros_like(p) for p in params]
+
+    def step(self, params: list[torch.Tensor], grads: list[list[torch.Tensor]], t: int, lr: float, way: str,
+             weights: list[float]) -> None:
+        """Move ``params`` by the mean of the nodes' (lengthened) AdamW steps on their clipped ``grads``."""
+        nodes = len(grads)
+        for i, p in enumerate(params):
+            mean = sum(g[i] for g in grads) / nodes
+            self.v_mean[i].mul_(BETA2).addcmul_(mean, mean, value=1 - BETA2)
+            move = torch.zeros_like(p)
+            for r, g in enumerate(grads):
+                m, v = self.m[r][i], self.v[r][i]
+                m.mul_(BETA1).add_(g[i], alpha=1 - BETA1)
+                v.mul_(BETA2).addcmul_(g[i], g[i], value=1 - BETA2)
+                if t >= 2:
+                    self.lag[r][i].mul_(BETA2).addcmul_(g[i], self.prev[r][i], value=1 - BETA2)
+                self.prev[r][i].copy_(g[i])
+                v_hat = v / (1 - BETA2**t)
+                step = lr * (m / (1 - BETA1**t)) / (v_hat.sqrt() + EPS)
+                oracle = (v_hat / (self.v_mean[i] / (1 - BETA2**t)).clamp_min(1e-30)).sqrt()
+                estimated = (length_factors([v_hat], [self.lag[r][i] / (1 - BETA2 ** max(t - 1, 1))], nodes)[0]
+                             if t >= 2 else torch.ones_like(p))
+                if way == "estimated":
+                    weight = step.abs()
+                    weights[0] += float((weight * estimated).sum())
+                    weights[1] += float((weight * oracle).sum())
+                    weights[2] += float(weight.sum())
+                move += step * {"oracle": oracle, "estimated": estimated, "mean": 1.0}[way]
+            p.sub_(move / nodes)
+
+
+def node_gradients(model: torch.nn.Module, batches: list[dict[str, torch.Tensor]]) -> list[list[torch.Tensor]]:
+    """Each node's gradient on its batch, clipped to norm ``CLIP`` as its own Trainer clips it."""
+    grads = []
+    for batch in batches:
+        model.zero_grad(set_to_none=True)
+        model(**batch).loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        grads.append([p.grad.detach().clone() for p in model.parameters()])
+    return grads
+
+
+def train(way: str, args: argparse.Namespace, data: tuple[object, dict[str, object], object]) -> list[dict]:
+    tokenizer, splits, collate = data
+    set_seed(args.seed)
+    model = T5ForConditionalGeneration(tiny_t5_config(len(tokenizer), d_model=128, num_layers=2, num_heads=4,
+                                                      d_ff=512))
+    params = list(model.parameters())
+    adamw = torch.optim.AdamW(params, lr=LR, weight_decay=0.0)
+    schedule = get_linear_schedule_with_warmup(adamw, WARMUP, HORIZON)
+    nodes = Nodes(params, args.nodes)
+    order = torch.Generator().manual_seed(args.seed)
+    train_split, validation = splits["train"], splits["validation"]
+    held_out = [collate([validation[i] for i in range(start, min(start + 64, args.validation))])
+                for start in range(0, args.validation, 64)]
+    rows, weights = [], [0.0, 0.0, 0.0]
+    for t in range(1, max(args.at) + 1):
+        batches = [collate([train_split[i] for i in torch.randint(len(train_split), (args.batch,),
+                                                                  generator=order).tolist()])
+                   for _ in range(args.nodes)]
+        if way == "adamw":
+            model.zero_grad(set_to_none=True)
+            for batch in batches:
+                (model(**batch).loss / args.nodes).backward()
+            torch.nn.utils.clip_grad_norm_(params, CLIP)
+            adamw.step()
+        else:
+            grads = node_gradients(model, batches)
+            with torch.no_grad():
+                nodes.step(params, grads, t, schedule.get_last_lr()[0], way, weights)
+        schedule.step()
+        if t in args.at:
+            with torch.no_grad():
+                loss = sum(float(model(**batch).loss) for batch in held_out) / len(held_out)
+            row = {"way": way, "step": t, "eval_loss": loss}
+            if way == "estimated":
+                row |= {"f_estimated": weights[0] / weights[2], "f_oracle": weights[1] / weights[2]}
+                weights = [0.0, 0.0, 0.0]
+            print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
+            rows.append(row)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=32, help="sequences per node and step")
+    parser.add_argument("--at", type=int, nargs="+", default=[100, 200, 300, 400], help="checkpoint steps")
+    parser.add_argument("--ways", nargs="+", choices=WAYS, default=list(WAYS))
+    parser.add_argument("--validation", type=int, default=512, help="validation pairs the loss is taken on")
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--out", type=Path, default=harness.RESULTS / "dense_lengthening.json")
+    harness.add_provenance_flags(parser)
+    args = parser.parse_args()
+    bench = harness.Run.start(args.out, args.allow_dirty)
+    # the schedule only gives the nodes' lr where torch's AdamW does not step
+    warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
+    data = quick_splits(args.seed)
+    rows = [row for way in args.ways for row in train(way, args, data)]
+    bench.write(args.out, {"lr": LR, "warmup": WARMUP, "horizon": HORIZON, "nodes": args.nodes, "batch": args.batch,
+                           "validation": args.validation, "seed": args.seed, "rows": rows})
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
