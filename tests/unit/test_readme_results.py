@@ -2176,3 +2176,55 @@ def test_the_micro_batch_estimate_is_the_json():
     assert rows[800]["micro_share"] > rows[800]["ema_share"] > rows[800]["probe_share"]
     assert (f"the margins are {margins[0] / spread:.1f} and {margins[1] / spread:.1f} times the spread of the two "
             f"seeds in rounds of 8 ({spread:.2f} %). One seed each.") in PROSE
+
+
+def test_the_lengthening_waited_for_in_the_dense_limit_is_the_json():
+    """"Weak scaling": the dense_lengthening study (the lengthened mean against AdamW on the mean gradient in one
+    process) and the lengthened dense rounds of 2 waited for in step(), against the same rounds landing a step late,
+    lengthened and not, the dense step-wise rule and AdamW-HSDP."""
+    runs = result("sweep_nodes_weak")["runs"]
+    key = "flexdemo lr=0.003 local_steps=2 nodes=4 outer_lr=1 {}procs_per_node=2 {}replicator=full scaling=weak"
+    waited, late, plain = (runs[key.format(*knobs)] for knobs in
+                           (("overlap=none ", "progress_scale=batch "), ("", "progress_scale=batch "), ("", "")))
+    step_wise = result("sweep_nodes_weak_step_wise")["runs"][
+        "flexdemo lr=0.003 local_steps=1 nodes=4 procs_per_node=2 replicator=full scaling=weak value_dtype=float32"]
+    base = _best_adamw(runs, 4)
+    config = waited["flexdemo_config"]
+    assert (config["overlap"], config["local_steps"], config["progress_scale"]) == ("none", 2, "batch")
+    assert late["flexdemo_config"]["overlap"] == "delayed"
+    ahead, against_plain = _gaps_along(waited, late), _gaps_along(waited, plain)
+    assert max(ahead.values()) < 0
+    assert [step for step, gap in against_plain.items() if gap > 0] == [400, 600]
+    study = result("dense_lengthening")
+    assert (study["nodes"], study["batch"]) == (4, 32) and not study["git_dirty"]
+    loss = {(row["way"], row["step"]): row for row in study["rows"]}
+    at = {way: loss[way, 400]["eval_loss"] for way in ("adamw", "oracle", "estimated", "mean")}
+    assert all(loss["mean", step]["eval_loss"] > loss[way, step]["eval_loss"]
+               for step in (100, 200, 300, 400) for way in ("adamw", "oracle", "estimated"))
+    below = {name: -_percent(waited["final_eval_loss"], run["final_eval_loss"])
+             for name, run in (("late", late), ("plain", plain))}
+    prose = (
+        f"the lengthened dense rounds of 2 waited for in `step()` end {below['late']:.2f} % below the same rounds "
+        f"landing a step late, and {below['plain']:.2f} % below those unlengthened; in one process, with every node "
+        f"at the same weights every step, the lengthened mean is AdamW's step on the mean gradient.** `python -m "
+        f"benchmarks.studies.dense_lengthening` (`benchmarks/results/dense_lengthening.json`, at commit "
+        f"{study['git_commit'][:7]} from a clean tree, AMD EPYC) trains the quick model on 4 simulated nodes of 32 "
+        f"sequences in one process, every node at the same weights every step (the dense step-wise limit), for 400 "
+        f"steps from one initialisation and data order. AdamW on the nodes' mean gradient ends at {at['adamw']:.3f}; "
+        f"the mean of the nodes' AdamW steps lengthened by the oracle's factor √(v / v_mean) (algebraically AdamW on "
+        f"the mean of the nodes' own clipped gradients) at {at['oracle']:.3f}, lengthened by the estimated factor at "
+        f"{at['estimated']:.3f}, and not lengthened at {at['mean']:.3f} ({_percent(at['mean'], at['adamw']):+.2f} %). "
+        f"Weighted by each node's step, the estimated factor averages {loss['estimated', 400]['f_estimated']:.3f} over "
+        f"steps 301 to 400, where the oracle's is {loss['estimated', 400]['f_oracle']:.3f}.")
+    assert " ".join(prose.split()) in PROSE
+    prose = (
+        f"Waited for in `step()` (`overlap=\"none\"`, at commit {_commit_of('sweep_nodes_weak', waited)}, the same "
+        f"grid, AMD EPYC, {_bits_sent(waited):.0f} bits per parameter and step), the lengthened rounds of 2 end at "
+        f"{waited['final_eval_loss']:.3f}, {_gap(waited, base)} against AdamW-HSDP at 3e-3: ahead of the same rounds "
+        f"landing late at every evaluation (by {-ahead[200]:.2f} % at step 200), ahead of the unlengthened ones "
+        f"landing late but at steps 400 and 600, and {_gap(waited, step_wise)} against the dense step-wise rule, with "
+        f"a training loss over the last 200 steps of {_tail(waited):.3f} against {_tail(late):.3f} and "
+        f"{_tail(plain):.3f}.")
+    assert " ".join(prose.split()) in PROSE
+    assert f"What is left to AdamW-HSDP ({_gaps_along(waited, base)[400]:+.2f} % at step 400," in PROSE
+    assert abs(_percent(at["estimated"], at["adamw"])) < 0.5
