@@ -32,13 +32,10 @@ import warnings
 from pathlib import Path
 
 import torch
-from transformers import T5ForConditionalGeneration, set_seed
-from transformers.optimization import get_linear_schedule_with_warmup
 
 from benchmarks import harness
-from benchmarks.studies.length_factor import BETA2, HORIZON, LR, WARMUP, quick_splits
+from benchmarks.studies.length_factor import BETA2, HORIZON, LR, WARMUP, quick_splits, quick_training
 from hf_flexdemo.optim.progress_scale import length_factors
-from hf_flexdemo.seq2seq.tiny_t5 import tiny_t5_config
 
 WAYS = ("adamw", "oracle", "estimated", "mean")
 BETA1, EPS, CLIP = 0.9, 1e-8, 1.0
@@ -96,14 +93,9 @@ def node_gradients(model: torch.nn.Module, batches: list[dict[str, torch.Tensor]
 
 def train(way: str, args: argparse.Namespace, data: tuple[object, dict[str, object], object]) -> list[dict]:
     tokenizer, splits, collate = data
-    set_seed(args.seed)
-    model = T5ForConditionalGeneration(tiny_t5_config(len(tokenizer), d_model=128, num_layers=2, num_heads=4,
-                                                      d_ff=512))
+    model, adamw, schedule, order = quick_training(tokenizer, args.seed)
     params = list(model.parameters())
-    adamw = torch.optim.AdamW(params, lr=LR, weight_decay=0.0)
-    schedule = get_linear_schedule_with_warmup(adamw, WARMUP, HORIZON)
     nodes = Nodes(params, args.nodes)
-    order = torch.Generator().manual_seed(args.seed)
     train_split, validation = splits["train"], splits["validation"]
     held_out = [collate([validation[i] for i in range(start, min(start + 64, args.validation))])
                 for start in range(0, args.validation, 64)]

@@ -74,15 +74,21 @@ def gradients(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> list[to
     return [p.grad.detach().clone() for p in model.parameters()]
 
 
-def measure(batch_size: int, args: argparse.Namespace, data: tuple[object, object, object]) -> list[dict]:
-    tokenizer, train, collate = data
-    set_seed(args.seed)
+def quick_training(tokenizer: object, seed: int) -> tuple[torch.nn.Module, torch.optim.AdamW, object,
+                                                          torch.Generator]:
+    """The quick model from ``seed``, torch's AdamW on it with the horizon preset's schedule, and the data order."""
+    set_seed(seed)
     model = T5ForConditionalGeneration(tiny_t5_config(len(tokenizer), d_model=128, num_layers=2, num_heads=4,
                                                       d_ff=512))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
+    return (model, optimizer, get_linear_schedule_with_warmup(optimizer, WARMUP, HORIZON),
+            torch.Generator().manual_seed(seed))
+
+
+def measure(batch_size: int, args: argparse.Namespace, data: tuple[object, object, object]) -> list[dict]:
+    tokenizer, train, collate = data
+    model, optimizer, schedule, order = quick_training(tokenizer, args.seed)
     params = list(model.parameters())
-    optimizer = torch.optim.AdamW(params, lr=LR, weight_decay=0.0)
-    schedule = get_linear_schedule_with_warmup(optimizer, WARMUP, HORIZON)
-    order = torch.Generator().manual_seed(args.seed)
 
     def batch() -> dict[str, torch.Tensor]:
         rows = torch.randint(len(train), (batch_size,), generator=order).tolist()
