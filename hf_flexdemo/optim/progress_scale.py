@@ -197,6 +197,7 @@ class MicroBatchScaled(BatchScaled):
         super().__init__(nodes, decay)
         self.per_node = (LAG, SQUARES)
         self.first: dict[int, Tensor] = {}  # id(parameter) -> the step's first micro-batches' gradient
+        self.held: set[int] = set()  # the parameters whose gradient self.first holds for this step
         self.parts = 0  # micro-batches observed in this step before its last
         self.observed = False  # the step's last micro-batch was observed
 
@@ -211,6 +212,7 @@ class MicroBatchScaled(BatchScaled):
                   "sync_each_batch=True, as FlexDeMoTrainer sets it)")
             for p, grad in shards:
                 self.first.setdefault(id(p), torch.empty_like(grad, dtype=torch.float32)).copy_(grad)
+                self.held.add(id(p))
             self.parts += 1
             return
         check(self.parts > 0, "progress_scale_estimate", "micro_batches", "two micro-batches or more per step "
@@ -219,13 +221,15 @@ class MicroBatchScaled(BatchScaled):
         w = self.parts / (self.parts + 1)  # the first micro-batches' share of the step's gradient
         for stack in stacks:
             decay = stack.group["betas"][1] if self.decay is None else self.decay
-            for _, params, grads, states in by_step(stack):
-                first = [self.first[id(p)] for p in params]
+            for _, params, grads, states in by_step(stack):  # no gradient before the last micro-batch: a = 0
+                first = [self.first[id(p)] if id(p) in self.held else torch.zeros_like(g)
+                         for p, g in zip(params, grads)]
                 rest = torch._foreach_sub(grads, first)
                 torch._foreach_div_(rest, w * (1 - w))
                 _ema([state[LAG] for state in states], first, rest, decay)
                 _ema([state[SQUARES] for state in states], grads, grads, decay)
         self.parts, self.observed = 0, True
+        self.held.clear()
 
     def after_inner(self, stacks: list[Stack]) -> None:
         check(self.observed, "progress_scale_estimate", "micro_batches", "a step whose micro-batches were observed: "

@@ -112,6 +112,26 @@ def test_micro_batches_read_the_signal_at_the_weights_where_consecutive_gradient
     assert consecutive < 0.85 * signal, (consecutive, signal)
 
 
+def test_a_shard_without_a_gradient_before_the_last_micro_batch_counts_its_first_share_as_0():
+    """A parameter that only the step's last micro-batch reaches: the product is 0 (its first micro-batch's gradient
+    is 0), not the product with what an earlier step's first micro-batch left in the buffer."""
+    p, q = torch.zeros(16, requires_grad=True), torch.zeros(16, requires_grad=True)
+    scale = progress_scale.MicroBatchScaled(4)
+    stacks = [_stack(p, scale), _stack(q, scale)]
+    lag = stacks[1].states[0][progress_scale.LAG]
+    for reached in (True, False):  # q's first micro-batch has a gradient in the first step only
+        p.grad, q.grad = torch.ones(16), torch.full((16,), 1.0) if reached else None
+        scale.observe(stacks, last=False)
+        p.grad, q.grad = torch.full((16,), 2.0), torch.full((16,), 2.0)
+        before = lag.clone()
+        scale.observe(stacks, last=True)
+        with torch.no_grad():
+            adamw_step(stacks)
+        scale.after_inner(stacks)
+        product = 0.0 if not reached else 1.0 * (2.0 - 1.0) / (1 / 2 * (1 - 1 / 2))
+        torch.testing.assert_close(lag, 0.999 * before + 0.001 * product)
+
+
 def test_the_micro_batch_estimate_refuses_a_step_it_did_not_observe():
     p = torch.zeros(16, requires_grad=True)
     scale = progress_scale.MicroBatchScaled(4)
