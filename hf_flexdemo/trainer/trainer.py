@@ -88,6 +88,24 @@ def _local_gradients(state, bucket):  # DDP rejects string annotations (postpone
     return future
 
 
+def reduce_each_micro_batch(args: TrainingArguments) -> None:
+    """``progress_scale_estimate="micro_batches"`` reads each step's micro-batches, each reduced inside the node: refuse
+    fewer than two, or Accelerate told not to reduce each one; then set its ``sync_each_batch``."""
+    if args.gradient_accumulation_steps < 2:
+        raise ValueError(f"FlexDeMo: invalid gradient_accumulation_steps={args.gradient_accumulation_steps} with "
+                         "progress_scale_estimate='micro_batches'; accepted: 2 or more (--gradient_accumulation_steps "
+                         "2, with half the per-device batch): its estimate is the product of a step's micro-batches; "
+                         "or progress_scale_estimate='consecutive'.")
+    kwargs = args.accelerator_config.gradient_accumulation_kwargs or {}
+    if not kwargs.get("sync_each_batch", True):
+        raise ValueError("FlexDeMo: invalid accelerator_config.gradient_accumulation_kwargs sync_each_batch=False with "
+                         "progress_scale_estimate='micro_batches'; accepted: True, or unset (the trainer sets it): the "
+                         "estimate reads each micro-batch's gradient reduced inside the node.")
+    args.accelerator_config.gradient_accumulation_kwargs = {**kwargs, "sync_each_batch": True}
+    logger.info("FlexDeMo: progress_scale_estimate='micro_batches': each micro-batch's gradient is reduced inside the "
+                "node (Accelerate's sync_each_batch=True)")
+
+
 def as_config(config: FlexDeMoConfig | Mapping[str, Any] | None) -> FlexDeMoConfig:
     """``flexdemo_config=`` as a ``FlexDeMoConfig``: ``None`` gives the defaults, a dict its fields; an unknown key
     is refused with the closest field name, any other type is refused."""
@@ -213,8 +231,6 @@ class FlexDeMoTrainer(ConsensusModel, CheckpointHooks, Trainer):
                              "optimizer is FlexDeMo, configured by flexdemo_config.")
         if self.flexdemo_config.method == "adamw":
             return
-        if self.flexdemo_config.progress_scale_estimate == "micro_batches":
-            self._check_micro_batches(args)
         method = self.flexdemo_config.method
         optimizers = kwargs.get("optimizers") or (None, None)
         if any(part is not None for part in optimizers):
@@ -233,29 +249,11 @@ class FlexDeMoTrainer(ConsensusModel, CheckpointHooks, Trainer):
             raise ValueError(f"FlexDeMo: invalid optim_args={args.optim_args!r} with method={method!r}; accepted: "
                              "None: FlexDeMo's knobs are FlexDeMoConfig's fields (flexdemo_config).")
 
-    @staticmethod
-    def _check_micro_batches(args: TrainingArguments) -> None:
-        """``progress_scale_estimate="micro_batches"`` reads each step's micro-batches, each reduced inside the node."""
-        if args.gradient_accumulation_steps < 2:
-            raise ValueError(f"FlexDeMo: invalid gradient_accumulation_steps={args.gradient_accumulation_steps} with "
-                             "progress_scale_estimate='micro_batches'; accepted: 2 or more "
-                             "(--gradient_accumulation_steps 2, with half the per-device batch): its estimate is the "
-                             "product of a step's "
-                             "micro-batches; or progress_scale_estimate='consecutive'.")
-        kwargs = args.accelerator_config.gradient_accumulation_kwargs or {}
-        if not kwargs.get("sync_each_batch", True):
-            raise ValueError("FlexDeMo: invalid accelerator_config.gradient_accumulation_kwargs sync_each_batch=False "
-                             "with progress_scale_estimate='micro_batches'; accepted: True, or unset (the trainer "
-                             "sets it): the estimate reads each micro-batch's gradient reduced inside the node.")
-
     def _configure_accelerate(self, args: TrainingArguments) -> None:
         """Point ``args`` at the FSDP2 plugin and parallelism config of the chosen method; with
         ``progress_scale_estimate="micro_batches"``, reduce inside the node after every micro-batch."""
         if self.flexdemo_config.method != "adamw" and self.flexdemo_config.progress_scale_estimate == "micro_batches":
-            kwargs = args.accelerator_config.gradient_accumulation_kwargs or {}
-            args.accelerator_config.gradient_accumulation_kwargs = {**kwargs, "sync_each_batch": True}
-            logger.info("FlexDeMo: progress_scale_estimate='micro_batches': each micro-batch's gradient is reduced "
-                        "inside the node (Accelerate's sync_each_batch=True)")
+            reduce_each_micro_batch(args)
         if self._parallelism is None:
             args.fsdp_plugin_args = None
             args.parallelism_config = None
