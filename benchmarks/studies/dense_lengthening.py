@@ -63,20 +63,25 @@ class Nodes:
                 m, v = self.m[r][i], self.v[r][i]
                 m.mul_(BETA1).add_(g[i], alpha=1 - BETA1)
                 v.mul_(BETA2).addcmul_(g[i], g[i], value=1 - BETA2)
+                v_hat = v / (1 - BETA2**t)
+                step = lr * (m / (1 - BETA1**t)) / (v_hat.sqrt() + EPS)
+                if way == "mean":
+                    move += step
+                    continue
+                oracle = (v_hat / (self.v_mean[i] / (1 - BETA2**t)).clamp_min(1e-30)).sqrt()
+                if way == "oracle":
+                    move += step * oracle
+                    continue
                 if t >= 2:
                     self.lag[r][i].mul_(BETA2).addcmul_(g[i], self.prev[r][i], value=1 - BETA2)
                 self.prev[r][i].copy_(g[i])
-                v_hat = v / (1 - BETA2**t)
-                step = lr * (m / (1 - BETA1**t)) / (v_hat.sqrt() + EPS)
-                oracle = (v_hat / (self.v_mean[i] / (1 - BETA2**t)).clamp_min(1e-30)).sqrt()
-                estimated = (length_factors([v_hat], [self.lag[r][i] / (1 - BETA2 ** max(t - 1, 1))], nodes)[0]
+                estimated = (length_factors([v_hat], [self.lag[r][i] / (1 - BETA2 ** (t - 1))], nodes)[0]
                              if t >= 2 else torch.ones_like(p))
-                if way == "estimated":
-                    weight = step.abs()
-                    weights[0] += float((weight * estimated).sum())
-                    weights[1] += float((weight * oracle).sum())
-                    weights[2] += float(weight.sum())
-                move += step * {"oracle": oracle, "estimated": estimated, "mean": 1.0}[way]
+                weight = step.abs()
+                weights[0] += float((weight * estimated).sum())
+                weights[1] += float((weight * oracle).sum())
+                weights[2] += float(weight.sum())
+                move += step * estimated
             p.sub_(move / nodes)
 
 
