@@ -7,10 +7,10 @@ on the nodes' mean gradient, and ``progress_scale="batch"`` lengthens each node'
 s))``. With the true signal this is ``sqrt(v / v_mean)``, ``v_mean`` the second moment of the nodes' mean gradient, and
 the mean of the lengthened steps is AdamW's step on that mean, up to each node clipping its own gradient. This trains
 the quick model in one process on R simulated nodes of ``--batch`` sequences (lr 3e-3, warmup 100, linear decay over
-2,000 steps, clip 1.0: the horizon preset's), four ways from one initialisation and one data order. With ``--rounds
-H`` each node takes H steps from the anchor at its own weights (its own path unlengthened, as ``progress_scale`` keeps
-it) before the anchor moves by the mean of their lengthened progress and every node restarts from it, a round waited
-for; at the default of 1 every node is at the same weights each step:
+2,000 steps, clip 1.0: the horizon preset's), four ways from one initialisation and one data order. With ``--rounds H``
+each node takes H steps from the anchor at its own weights (its own path unlengthened, as ``progress_scale`` keeps it,
+or lengthened too with ``--lengthen_path``) before the anchor moves by the mean of their lengthened progress and every
+node restarts from it, a round waited for; at the default of 1 every node is at the same weights each step:
 
 * ``adamw``: torch's AdamW on the nodes' mean gradient, clipped as one (AdamW-HSDP);
 * ``oracle``: each node's step lengthened by ``sqrt(v / v_mean)``, ``v_mean`` an EMA of the square of the mean of the
@@ -25,6 +25,8 @@ size of the node's step, of ``f`` and of the oracle's factor on the same weights
                                                      # benchmarks/results/dense_lengthening.json
     python -m benchmarks.studies.dense_lengthening --rounds 2 --ways estimated mean \
         --out benchmarks/results/dense_lengthening_rounds2.json
+    python -m benchmarks.studies.dense_lengthening --rounds 2 --lengthen_path --ways estimated oracle \
+        --out benchmarks/results/dense_lengthening_rounds2_path.json
 
 A study (``benchmarks/studies/README.md``): its figures are in docs/results.md ("Weak scaling").
 """
@@ -49,7 +51,7 @@ class Nodes:
     """R nodes' AdamW moments, own weights and (lengthened) progress in the round, and the lengthening's EMAs, per
     parameter; the anchor they restart from after each round."""
 
-    def __init__(self, params: list[torch.Tensor], nodes: int) -> None:
+    def __init__(self, params: list[torch.Tensor], nodes: int, lengthen_path: bool = False) -> None:
         def zeros() -> list[list[torch.Tensor]]:
             return [[torch.zeros_like(p) for p in params] for _ in range(nodes)]
 
@@ -57,6 +59,7 @@ class Nodes:
         self.anchor = [p.detach().clone() for p in params]
         self.local = [[p.detach().clone() for p in params] for _ in range(nodes)]
         self.v_mean = [torch.zeros_like(p) for p in params]
+        self.lengthen_path = lengthen_path  # each node's own weights move by its lengthened step too
 
     def step(self, grads: list[list[torch.Tensor]], t: int, lr: float, way: str, weights: list[float]) -> None:
         """Each node's AdamW step on its clipped ``grads`` at its own weights; its progress in the round grows by the
@@ -71,8 +74,9 @@ class Nodes:
                 v.mul_(BETA2).addcmul_(g[i], g[i], value=1 - BETA2)
                 v_hat = v / (1 - BETA2**t)
                 step = lr * (m / (1 - BETA1**t)) / (v_hat.sqrt() + EPS)
-                self.local[r][i].sub_(step)
-                self.moved[r][i].add_(step * self.factor(r, i, g[i], v_hat, t, way, step, weights))
+                moved = step * self.factor(r, i, g[i], v_hat, t, way, step, weights)
+                self.local[r][i].sub_(moved if self.lengthen_path else step)
+                self.moved[r][i].add_(moved)
 
     def factor(self, r: int, i: int, g: torch.Tensor, v_hat: torch.Tensor, t: int, way: str, step: torch.Tensor,
                weights: list[float]) -> torch.Tensor | float:
@@ -124,7 +128,7 @@ def train(way: str, args: argparse.Namespace, data: tuple[object, dict[str, obje
     tokenizer, splits, collate = data
     model, adamw, schedule, order = quick_training(tokenizer, args.seed)
     params = list(model.parameters())
-    nodes = Nodes(params, args.nodes)
+    nodes = Nodes(params, args.nodes, args.lengthen_path)
     train_split, validation = splits["train"], splits["validation"]
     held_out = [collate([validation[i] for i in range(start, min(start + 64, args.validation))])
                 for start in range(0, args.validation, 64)]
@@ -167,6 +171,8 @@ def main() -> None:
     parser.add_argument("--ways", nargs="+", choices=WAYS, default=list(WAYS))
     parser.add_argument("--rounds", type=int, default=1, help="steps each node takes from the anchor before the mean "
                         "of their progress moves it (1: the dense step-wise rule; adamw's way has no rounds)")
+    parser.add_argument("--lengthen_path", action="store_true", help="each node's own weights move by its lengthened "
+                        "step too, so that its later steps in a round are taken where the mean has moved")
     parser.add_argument("--validation", type=int, default=512, help="validation pairs the loss is taken on")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--out", type=Path, default=harness.RESULTS / "dense_lengthening.json")
@@ -181,7 +187,8 @@ def main() -> None:
     data = quick_splits(args.seed)
     rows = [row for way in args.ways for row in train(way, args, data)]
     bench.write(args.out, {"lr": LR, "warmup": WARMUP, "horizon": HORIZON, "nodes": args.nodes, "batch": args.batch,
-                           "rounds": args.rounds, "validation": args.validation, "seed": args.seed, "rows": rows})
+                           "rounds": args.rounds, "lengthen_path": args.lengthen_path, "validation": args.validation,
+                           "seed": args.seed, "rows": rows})
     print(f"wrote {args.out}")
 
 
