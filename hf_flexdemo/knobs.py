@@ -34,6 +34,7 @@ Transform = Literal["auto", "dct", "none"]
 Mode = Literal["local", "step-wise"]
 ProgressScale = Literal["none", "batch"]
 ProgressEstimate = Literal["consecutive", "micro_batches"]
+ProgressPath = Literal["own", "lengthened"]
 
 REPLICATORS: tuple[str, ...] = get_args(ReplicatorName)
 UPDATES: tuple[str, ...] = get_args(Update)
@@ -184,6 +185,12 @@ KNOBS: tuple[Knob, ...] = (
          "reduced inside the node after every micro-batch (FlexDeMoTrainer sets Accelerate's sync_each_batch; a "
          "training loop of its own calls FlexDeMo.observe_micro_batch).", modes=LOCAL, policy="outer",
          field="progress_scale_estimate"),
+    Knob("progress_scale_path", "own", ProgressPath, "progress_scale='batch': where a node walks during a round. own "
+         "(the default): its own AdamW path, only what it sends lengthened (12 more bytes of optimizer state per "
+         "parameter); lengthened: its weights move by the lengthened steps too, so its later steps in a round take "
+         "their gradients where the nodes' mean moves, as the dense mean of every step does (8 more bytes; its own "
+         "noise is lengthened too, and the mean cancels it).", modes=LOCAL, policy="outer",
+         field="progress_scale_path"),
     Knob("outer_delay", None, int | None, "Streamed (overlap='delayed'): the inner steps a round's exchange travels "
          "during before it moves the anchor (Streaming DiLoCo's tau); the progress of those steps enters error "
          "feedback, so replicas restart from one anchor and nothing is lost. None (the default): until the next "
@@ -531,6 +538,10 @@ def _check_no_effect(knobs: Mapping[str, Any]) -> None:
         check(False, "progress_scale_estimate", knobs["progress_scale_estimate"], "'consecutive' (the default) with "
               f"progress_scale={knobs['progress_scale']!r}: it is where the estimate progress_scale='batch' lengthens "
               "by comes from; set progress_scale='batch' to use it")
+    if knobs.get("progress_scale_path", "own") != "own" and knobs.get("progress_scale") not in (None, "batch"):
+        check(False, "progress_scale_path", knobs["progress_scale_path"], "'own' (the default) with progress_scale="
+              f"{knobs['progress_scale']!r}: it is where a node walks the steps progress_scale='batch' lengthens; set "
+              "progress_scale='batch' to use it")
     if "budget_bytes" in knobs and "budget_fraction" in knobs and knobs["budget_bytes"] is None \
             and knobs["budget_fraction"] is None:
         for name in ("budget_min_rate", "budget_max_rate"):

@@ -124,7 +124,8 @@ class LocalSteps(Mode):
         self.fragments = optimizer.options["outer_fragments"]
         self.scale = progress_scale.for_option(optimizer.options["progress_scale"], optimizer.replicate.size,
                                                optimizer.options["progress_scale_decay"],
-                                               optimizer.options["progress_scale_estimate"])
+                                               optimizer.options["progress_scale_estimate"],
+                                               optimizer.options["progress_scale_path"])
         self.slot = self.every // self.fragments  # steps between two fragments' round ends
         self.members: list[list[Tensor]] = [[] for _ in range(self.fragments)]  # each fragment's parameters
         self.synced = False  # finish() or adopt() left every replica at the anchor, until the next step

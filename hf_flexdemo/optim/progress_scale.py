@@ -26,9 +26,13 @@ moment: then ``f`` is the ratio of the two AdamW steps' denominators, each an EM
 ``progress_scale_decay`` gives the estimate a memory of its own: the products and ``v`` are then EMAs of that decay,
 ``v`` one more state tensor (:data:`SQUARES`), so ``f`` follows the signal's current share.
 
-The node's own path stays its AdamW's. The difference, ``(f - 1)`` times each step's displacement, accumulates in
-``extra_progress`` until the replica restarts from the anchor, and the exchange counts the replica as being at
-``local + extra_progress`` (:func:`positions`). Everything is elementwise on the parameter's device; the step count
+Where the node walks (``progress_scale_path``): by default (``"own"``) its own path stays its AdamW's. The difference,
+``(f - 1)`` times each step's displacement, accumulates in ``extra_progress`` until the replica restarts from the
+anchor, and the exchange counts the replica as being at ``local + extra_progress`` (:func:`positions`). Its later steps
+in a round then take their gradients on a path the mean does not follow: the mean moves f times as far. With
+``"lengthened"`` the difference moves the node's weights instead, so those gradients are taken where the nodes' mean
+moves (up to each node's own noise, lengthened too, which the mean cancels), as in the dense mean of every step, and
+the exchange counts the replica at its shard. Everything is elementwise on the parameter's device; the step count
 lives on the host, as torch's AdamW keeps it.
 
 :func:`for_option` gives the local-steps mode one object for the knobs: :class:`Unscaled` (``"none"``, every hook a
@@ -50,6 +54,7 @@ PREV, LAG, EXTRA, SQUARES = "prev_grad", "lag_product", "extra_progress", "grad_
 KEYS = (PREV, LAG, EXTRA, SQUARES)  # SQUARES only with a decay of the estimate's own
 PER_NODE = (PREV, LAG)  # each node's own gradients, as the inner moments
 Estimate = Literal["consecutive", "micro_batches"]
+Path = Literal["own", "lengthened"]
 
 
 def new_state(state: dict[str, Any], shard: Tensor, keys: tuple[str, ...]) -> dict[str, Any]:
@@ -75,13 +80,20 @@ def length_factors(v: list[Tensor], s: list[Tensor], nodes: int) -> list[Tensor]
     return f
 
 
-def accumulate(stacks: list[Stack], nodes: int, decay: float | None = None) -> None:
+def accumulate(stacks: list[Stack], nodes: int, decay: float | None = None, walk: bool = False) -> None:
     """After the inner AdamW step: update the estimate's EMAs with this step's gradient and add ``(f - 1)`` times the
-    step's displacement to ``extra_progress``, for every shard with a gradient (foreach, one pass per stack and step
-    count). ``decay``: the EMAs' (None: the inner AdamW's ``beta2``, whose second moment is ``v``)."""
+    step's displacement to ``extra_progress`` (``walk``: to the shard), for every shard with a gradient (foreach, one
+    pass per stack and step count). ``decay``: the EMAs' (None: the inner AdamW's ``beta2``, whose second moment is
+    ``v``)."""
     for stack in stacks:
-        for t, _, grads, states in by_step(stack):
-            _accumulate(grads, states, stack.group, t, nodes, decay)
+        for t, params, grads, states in by_step(stack):
+            _accumulate(grads, states, stack.group, t, nodes, decay, targets(params, states, walk))
+
+
+def targets(params: list[Tensor], states: list[dict[str, Any]], walk: bool) -> list[Tensor]:
+    """What the lengthening moves: the parameters' local shards where the node walks its lengthened steps
+    (``walk``), else their ``extra_progress``."""
+    return [local_shard(p) for p in params] if walk else [state[EXTRA] for state in states]
 
 
 def by_step(stack: Stack) -> list[tuple[int, list[Tensor], list[Tensor], list[dict[str, Any]]]]:
@@ -103,7 +115,7 @@ def _ema(averages: list[Tensor], a: list[Tensor], b: list[Tensor], decay: float)
 
 
 def _accumulate(grads: list[Tensor], states: list[dict[str, Any]], group: dict[str, Any], t: int, nodes: int,
-                decay: float | None) -> None:
+                decay: float | None, into: list[Tensor]) -> None:
     beta2 = group["betas"][1]
     prev, lag = ([state[key] for state in states] for key in (PREV, LAG))
     beta = beta2 if decay is None else decay
@@ -116,12 +128,12 @@ def _accumulate(grads: list[Tensor], states: list[dict[str, Any]], group: dict[s
         return
     own = (torch._foreach_div([state["exp_avg_sq"].float() for state in states], 1 - beta2**t) if decay is None
            else torch._foreach_div([state[SQUARES] for state in states], 1 - decay**t))
-    lengthen(states, group, t, length_factors(own, torch._foreach_div(lag, 1 - beta ** (t - 1)), nodes))
+    lengthen(states, group, t, length_factors(own, torch._foreach_div(lag, 1 - beta ** (t - 1)), nodes), into)
 
 
-def lengthen(states: list[dict[str, Any]], group: dict[str, Any], t: int, f: list[Tensor]) -> None:
-    """Add ``(f - 1)`` times the inner AdamW step ``t``'s displacement (weight decay excluded) to each state's
-    ``extra_progress``; ``f`` is consumed."""
+def lengthen(states: list[dict[str, Any]], group: dict[str, Any], t: int, f: list[Tensor], into: list[Tensor]) -> None:
+    """Add ``(f - 1)`` times the inner AdamW step ``t``'s displacement (weight decay excluded) of each state's
+    parameter to ``into`` (:func:`targets`); ``f`` is consumed."""
     beta1, beta2 = group["betas"]
     v = torch._foreach_div([state["exp_avg_sq"].float() for state in states], 1 - beta2**t)
     torch._foreach_sqrt_(v)
@@ -129,7 +141,7 @@ def lengthen(states: list[dict[str, Any]], group: dict[str, Any], t: int, f: lis
     displacement = torch._foreach_div([state["exp_avg"].float() for state in states], 1 - beta1**t)
     torch._foreach_div_(displacement, v)
     torch._foreach_sub_(f, 1.0)
-    torch._foreach_addcmul_([state[EXTRA] for state in states], displacement, f, value=-group["lr"])
+    torch._foreach_addcmul_(into, displacement, f, value=-group["lr"])
 
 
 def positions(stack: Stack) -> list[Tensor]:
@@ -169,23 +181,24 @@ class Unscaled:
 
 class BatchScaled(Unscaled):
     """``progress_scale="batch"`` among ``nodes`` nodes, its estimate's EMAs of ``decay`` (None: the inner AdamW's
-    ``beta2``; the module docstring)."""
+    ``beta2``), the node walking its own path or the lengthened one (``path``; the module docstring)."""
 
-    def __init__(self, nodes: int, decay: float | None = None) -> None:
-        self.nodes, self.decay = nodes, decay
+    def __init__(self, nodes: int, decay: float | None = None, path: Path = "own") -> None:
+        self.nodes, self.decay, self.walk = nodes, decay, path == "lengthened"
         self.per_node = PER_NODE if decay is None else (*PER_NODE, SQUARES)
 
     def new_state(self, state: dict[str, Any], shard: Tensor) -> dict[str, Any]:
-        return new_state(state, shard, (*self.per_node, EXTRA))
+        return new_state(state, shard, self.per_node if self.walk else (*self.per_node, EXTRA))
 
     def after_inner(self, stacks: list[Stack]) -> None:
-        accumulate(stacks, self.nodes, self.decay)
+        accumulate(stacks, self.nodes, self.decay, self.walk)
 
     def positions(self, stack: Stack) -> list[Tensor]:
-        return positions(stack)
+        return stack.shards() if self.walk else positions(stack)
 
     def restart(self, stacks: list[Stack]) -> None:
-        restart(stacks)
+        if not self.walk:
+            restart(stacks)
 
 
 class MicroBatchScaled(BatchScaled):
@@ -193,8 +206,8 @@ class MicroBatchScaled(BatchScaled):
     micro-batches, which :meth:`observe` reads before the gradients are clipped (the module docstring). The first
     micro-batches' gradient waits in one float32 buffer per shard until the step's last micro-batch."""
 
-    def __init__(self, nodes: int, decay: float | None = None) -> None:
-        super().__init__(nodes, decay)
+    def __init__(self, nodes: int, decay: float | None = None, path: Path = "own") -> None:
+        super().__init__(nodes, decay, path)
         self.per_node = (LAG, SQUARES)
         self.first: dict[int, Tensor] = {}  # id(parameter) -> the step's first micro-batches' gradient
         self.held: set[int] = set()  # the parameters whose gradient self.first holds for this step
@@ -238,17 +251,17 @@ class MicroBatchScaled(BatchScaled):
         self.observed = False
         for stack in stacks:
             decay = stack.group["betas"][1] if self.decay is None else self.decay
-            for t, _, _, states in by_step(stack):  # t products observed, one per step
+            for t, params, _, states in by_step(stack):  # t products observed, one per step
                 own, s = ([state[key] for state in states] for key in (SQUARES, LAG))
                 f = length_factors(torch._foreach_div(own, 1 - decay**t), torch._foreach_div(s, 1 - decay**t),
                                    self.nodes)
-                lengthen(states, stack.group, t, f)
+                lengthen(states, stack.group, t, f, targets(params, states, self.walk))
 
 
 def for_option(value: Literal["none", "batch"], nodes: int, decay: float | None = None,
-               estimate: Estimate = "consecutive") -> Unscaled:
+               estimate: Estimate = "consecutive", path: Path = "own") -> Unscaled:
     """The object for ``progress_scale=value`` among ``nodes`` nodes (``decay``: ``progress_scale_decay``,
-    ``estimate``: ``progress_scale_estimate``)."""
+    ``estimate``: ``progress_scale_estimate``, ``path``: ``progress_scale_path``)."""
     if value != "batch":
         return Unscaled()
-    return MicroBatchScaled(nodes, decay) if estimate == "micro_batches" else BatchScaled(nodes, decay)
+    return (MicroBatchScaled if estimate == "micro_batches" else BatchScaled)(nodes, decay, path)

@@ -78,6 +78,8 @@ def training_mode(config: FlexDeMoConfig, replicas: int, fragments: int | None =
               else f" by an estimate of decay {config.progress_scale_decay:g}")
     if config.progress_scale_estimate == "micro_batches":
         memory = f"{memory or ' by an estimate'} from each step's micro-batches"
+    if config.progress_scale_path == "lengthened":
+        memory = f"{memory}, each node walking its lengthened steps"
     scaled = (f", each node's progress lengthened per element to the nodes' batch{memory}"
               if config.progress_scale == "batch" else "")
     outer_lr = knobs.resolve_outer_lr(config.outer_lr if outer_lr is None else outer_lr, replicas, config.replicator)

@@ -242,6 +242,8 @@ def test_the_model_card_names_the_mode():
         dataclasses.replace(scaled, progress_scale_decay=0.99), 2)
     assert "nodes' batch by an estimate from each step's micro-batches, plain" in training_mode(
         dataclasses.replace(scaled, progress_scale_estimate="micro_batches"), 2)
+    assert "nodes' batch, each node walking its lengthened steps, plain" in training_mode(
+        dataclasses.replace(scaled, progress_scale_path="lengthened"), 2)
     assert "lands 1 inner step(s) after" in training_mode(FlexDeMoConfig(local_steps=8, overlap="delayed",
                                                                           outer_delay=1), 2)
     # the outer lr's default follows the nodes: sqrt(R / 2), at least 1

@@ -94,6 +94,7 @@ def test_flexdemo_knobs_are_refused_with_the_adamw_baseline():
     ({"progress_scale_decay": 0.99}, "progress_scale_decay", r"None \(the default\) with progress_scale='none'"),
     ({"progress_scale_estimate": "micro_batches"}, "progress_scale_estimate",
      r"'consecutive' \(the default\) with progress_scale='none'"),
+    ({"progress_scale_path": "lengthened"}, "progress_scale_path", r"'own' \(the default\) with progress_scale='none'"),
 ])
 def test_a_knob_that_would_do_nothing_is_refused_as_outer_fragments_is(knobs, field, accepted):
     message = rf"FlexDeMo: invalid {field}=.*; accepted: {accepted}"

@@ -159,6 +159,30 @@ def test_a_decay_of_its_own_follows_a_falling_signal_that_beta2_still_remembers(
     assert shared < 0.7 * own, (shared, own)
 
 
+@pytest.mark.parametrize("estimate", ["consecutive", "micro_batches"])
+def test_a_node_walking_the_lengthened_path_stands_where_its_own_path_counts_it(estimate):
+    """progress_scale_path="lengthened": on the same gradients the node's weights move to where the own path's
+    exchange counts the replica (its shard plus the extra progress), and it keeps no extra progress."""
+    torch.manual_seed(0)
+    scales = [progress_scale.for_option("batch", 4, estimate=estimate, path=path) for path in ("own", "lengthened")]
+    params = [torch.zeros(256, requires_grad=True) for _ in scales]
+    stacks = [_stack(p, scale) for p, scale in zip(params, scales)]
+    assert progress_scale.EXTRA not in stacks[1].states[0]
+    mu = torch.linspace(0, 1, 256)
+    for _ in range(40):
+        first, total = mu / 2 + torch.randn(256), mu + torch.randn(256)
+        with torch.no_grad():
+            for scale, stack in zip(scales, stacks):
+                _observe(scale, stack, first.clone(), total.clone())
+                adamw_step([stack])
+                scale.after_inner([stack])
+    own, walked = (scale.positions(stack)[0] for scale, stack in zip(scales, stacks))
+    assert walked is stacks[1].shards()[0] and (walked - params[0]).abs().max() > 1e-3  # it walked further
+    torch.testing.assert_close(walked, own, rtol=0, atol=1e-6)
+    scales[1].restart([stacks[1]])
+    assert torch.equal(scales[1].positions(stacks[1])[0], walked)
+
+
 def test_on_one_node_nothing_is_added():
     torch.manual_seed(0)
     p = torch.zeros(64, requires_grad=True)
@@ -188,3 +212,5 @@ def test_for_option_gives_a_no_op_for_none_and_the_functions_for_batch():
     assert set(micro.new_state({}, p)) == {progress_scale.LAG, progress_scale.SQUARES, progress_scale.EXTRA}
     assert micro.per_node == (progress_scale.LAG, progress_scale.SQUARES)
     assert type(progress_scale.for_option("none", 4, estimate="micro_batches")) is progress_scale.Unscaled
+    walker = progress_scale.for_option("batch", 4, path="lengthened")
+    assert set(walker.new_state({}, p)) == {progress_scale.PREV, progress_scale.LAG}

@@ -75,8 +75,9 @@ def case_averaging(args) -> dict:
     Each reference replica runs torch's AdamW on its node's mean gradient for H steps; then every replica's
     parameters become the replicas' mean (the inner AdamW keeps its moments across rounds). With
     ``progress_scale="batch"``, the mean of where the replicas are counted: their parameters plus the extra progress
-    of :func:`lengthen`. With ``progress_scale_estimate="micro_batches"``, each step's two micro-batches (half the
-    loss each), every one reduced inside the node, and the estimate from their products (:func:`observe`)."""
+    of :func:`lengthen` (``progress_scale_path="lengthened"``: each replica walks it). With
+    ``progress_scale_estimate="micro_batches"``, each step's two micro-batches (half the loss each), every one reduced
+    inside the node, and the estimate from their products (:func:`observe`)."""
     steps, rounds, parts = int(args.steps), int(args.local_steps), parts_of(args)
     mesh = build_hybrid_mesh(shard_size=2)
     model = mlp()
@@ -87,7 +88,8 @@ def case_averaging(args) -> dict:
                    local_steps=rounds, overlap="none", compression=CompressionPolicy(replicator="full"),
                    guards=GuardPolicy(drift_check_every=1), outer=OuterPolicy(
                        progress_scale=args.progress_scale, progress_scale_decay=decay_of(args),
-                       progress_scale_estimate=args.progress_scale_estimate))
+                       progress_scale_estimate=args.progress_scale_estimate,
+                       progress_scale_path=args.progress_scale_path))
     inner = [torch.optim.AdamW(r.parameters(), lr=lr, weight_decay=wd) for r in replicas]
     extra = [[torch.zeros_like(p) for p in r.parameters()] for r in replicas]  # progress_scale="batch"'s
     stats = [[dict.fromkeys(("prev", "lag", "sq"), torch.zeros_like(p)) for p in r.parameters()] for r in replicas]
@@ -109,6 +111,11 @@ def case_averaging(args) -> dict:
             adamw.step()
             if args.progress_scale == "batch":
                 lengthen(adamw, more, kept, nodes=len(NODES), decay=decay_of(args), micro=parts > 1)
+            if args.progress_scale_path == "lengthened":  # the replica walks its extra progress
+                with torch.no_grad():
+                    for p, m in zip(replica.parameters(), more):
+                        p += m
+                        m.zero_()
         if (step + 1) % rounds == 0:
             with torch.no_grad():
                 for ps, mores in zip(zip(*(r.parameters() for r in replicas)), zip(*extra)):
@@ -139,7 +146,8 @@ def case_habits(args) -> dict:
                                                  replicator=args.replicator),
                    guards=GuardPolicy(drift_check_every=0),
                    outer=OuterPolicy(delay=int(args.outer_delay), fragments=1, progress_scale=args.progress_scale,
-                                     progress_scale_estimate=args.progress_scale_estimate))
+                                     progress_scale_estimate=args.progress_scale_estimate,
+                                     progress_scale_path=args.progress_scale_path))
     logs, stats, after_exchange, parts = [], [], [], parts_of(args)
     for step in range(3 * int(args.local_steps)):  # the first round unobserved: it creates the state
         log = {"collectives": [], "syncs": []}
@@ -175,6 +183,7 @@ def case_resume(args) -> dict:
                   compression_rate=float(args.rate), compression_chunk=8, overlap=args.overlap,
                   outer_delay=int(args.outer_delay), progress_scale=args.progress_scale,
                   progress_scale_decay=decay_of(args), progress_scale_estimate=args.progress_scale_estimate,
+                  progress_scale_path=args.progress_scale_path,
                   drift_check_every=1)  # the exact check, wherever replicas agree (streaming: in the landing step)
     parts = parts_of(args)
 
@@ -282,4 +291,4 @@ if __name__ == "__main__":
     main(globals(), {"steps": "6", "local_steps": "3", "topology": "2x2", "value_dtype": "int2", "overlap": "none",
                      "outer_delay": "1", "bad": "5", "rate": "0.25", "replicator": "demo",
                      "progress_scale": "none", "progress_scale_decay": "none",
-                     "progress_scale_estimate": "consecutive"})
+                     "progress_scale_estimate": "consecutive", "progress_scale_path": "own"})
