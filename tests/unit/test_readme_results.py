@@ -2259,3 +2259,40 @@ def test_the_compressed_exchange_waited_for_is_the_json():
     assert " ".join(prose.split()) in PROSE
     assert f"{_bits_sent(streamed):.3f}" == f"{_bits_sent(waited):.3f}" and min(early) > 0
     assert min(gap for step, gap in behind.items() if step >= 1200) > 1.9
+
+
+def test_the_lengthening_in_rounds_is_the_json():
+    """"Weak scaling": the dense_lengthening study in rounds of 2, each node on its own path and walking its lengthened
+    steps, against the study's AdamW on the mean gradient and its every-step lengthening."""
+    every, own, walked = (result(name) for name in ("dense_lengthening", "dense_lengthening_rounds2",
+                                                    "dense_lengthening_rounds2_path"))
+    for study in (every, own, walked):
+        assert (study["nodes"], study["batch"], study["validation"], study["seed"]) == (4, 32, 512, 42)
+        assert not study["git_dirty"]
+    # the run on each node's own path is from before the flag, which defaults to it
+    assert (own["rounds"], bool(own.get("lengthen_path")), walked["rounds"], walked["lengthen_path"]) == (2, False, 2,
+                                                                                                         True)
+    loss = [{(row["way"], row["step"]): row["eval_loss"] for row in study["rows"]} for study in (every, own, walked)]
+    adamw = loss[0]["adamw", 400]
+    ahead = {step: _percent(loss[2]["estimated", step], loss[1]["estimated", step]) for step in (100, 200, 300, 400)}
+    assert max(ahead.values()) < 0
+    prose = (
+        f"walked, the lengthened mean in rounds of 2 ends {_percent(loss[2]['estimated', 400], adamw):+.2f} % from "
+        f"AdamW on the mean gradient, where on each node's own path it ends "
+        f"{_percent(loss[1]['estimated', 400], adamw):+.2f} %, and unlengthened "
+        f"{_percent(loss[1]['mean', 400], adamw):+.2f} %.** `python -m benchmarks.studies.dense_lengthening --rounds 2 "
+        f"--ways estimated oracle mean` (`benchmarks/results/dense_lengthening_rounds2.json`, at commit "
+        f"{own['git_commit'][:7]} from a clean tree, AMD EPYC) runs the study above in rounds of 2 waited for: each "
+        f"node takes 2 steps from the anchor at its own weights, on its own AdamW's path, before the anchor moves by "
+        f"the mean of the nodes' lengthened progress. At step 400 the estimated lengthening ends at "
+        f"{loss[1]['estimated', 400]:.3f} and the oracle's at {loss[1]['oracle', 400]:.3f}, against {adamw:.3f} for "
+        f"AdamW on the mean gradient (the run above: the same initialisation, data and validation pairs) and "
+        f"{loss[1]['mean', 400]:.3f} for the rounds unlengthened: the lengthening is "
+        f"{_percent(loss[1]['estimated', 400], loss[1]['mean', 400]):+.2f} % against no lengthening, where every step "
+        f"it is {_percent(loss[0]['estimated', 400], loss[0]['mean', 400]):+.2f} %. With `--lengthen_path` "
+        f"(`benchmarks/results/dense_lengthening_rounds2_path.json`, at commit {walked['git_commit'][:7]} from a clean "
+        f"tree, AMD EPYC) each node's weights move by its lengthened steps, so that its second step's gradient is "
+        f"taken where the nodes' mean moves: the estimated lengthening ends at {loss[2]['estimated', 400]:.3f} and the "
+        f"oracle's at {loss[2]['oracle', 400]:.3f} ({_percent(loss[2]['oracle', 400], adamw):+.2f} %), ahead of the "
+        f"own path at every checkpoint (by {-ahead[100]:.2f} % at step 100 and {-ahead[400]:.2f} % at step 400).")
+    assert " ".join(prose.split()) in PROSE
