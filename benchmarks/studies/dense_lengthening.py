@@ -23,7 +23,7 @@ size of the node's step, of ``f`` and of the oracle's factor on the same weights
 
     python -m benchmarks.studies.dense_lengthening   # ~20 minutes on 2 cores, writes
                                                      # benchmarks/results/dense_lengthening.json
-    python -m benchmarks.studies.dense_lengthening --rounds 2 --ways estimated mean \
+    python -m benchmarks.studies.dense_lengthening --rounds 2 --ways estimated oracle mean \
         --out benchmarks/results/dense_lengthening_rounds2.json
     python -m benchmarks.studies.dense_lengthening --rounds 2 --lengthen_path --ways estimated oracle \
         --out benchmarks/results/dense_lengthening_rounds2_path.json
