@@ -2296,3 +2296,28 @@ def test_the_lengthening_in_rounds_is_the_json():
         f"oracle's at {loss[2]['oracle', 400]:.3f} ({_percent(loss[2]['oracle', 400], adamw):+.2f} %), ahead of the "
         f"own path at every checkpoint (by {-ahead[100]:.2f} % at step 100 and {-ahead[400]:.2f} % at step 400).")
     assert " ".join(prose.split()) in PROSE
+
+
+def test_the_lengthened_path_in_compressed_rounds_is_the_json():
+    """"Weak scaling": progress_scale_path="lengthened" at 4 weak nodes, against each node's own path, AdamW-HSDP and
+    the seeds' spread in rounds of 8."""
+    runs = result("sweep_nodes_weak")["runs"]
+    key = "flexdemo lr=0.003 nodes=4 outer_lr=1 procs_per_node=2 progress_scale=batch {}scaling=weak{}"
+    walked, own, own7 = (runs[key.format(*knobs)] for knobs in
+                         (("progress_scale_path=lengthened ", ""), ("", ""), ("", " seed=7")))
+    assert walked["flexdemo_config"]["progress_scale_path"] == "lengthened"
+    assert (walked["flexdemo_config"]["overlap"], walked["flexdemo_config"]["outer_fragments"]) == ("delayed", 4)
+    behind = _gaps_along(walked, own)
+    assert min(behind.values()) > 0
+    spread = _percent(own7["final_eval_loss"], own["final_eval_loss"])
+    prose = (
+        f"`progress_scale_path=\"lengthened\"` at 4 weak nodes ends {_gap(walked, own)} above each node's own "
+        f"path.** Grid `nodes_weak` runs it at lr 3e-3 and `outer_lr=1`, streamed as the defaults stream (at commit "
+        f"{_commit_of('sweep_nodes_weak', walked)} from a clean tree, AMD EPYC, {_bits_sent(walked):.3f} bits per "
+        f"parameter and step). It ends at {walked['final_eval_loss']:.3f}, {_gap(walked, _best_adamw(runs, 4))} "
+        f"against AdamW-HSDP at 3e-3, behind the own path at every evaluation (by {behind[200]:.2f} % at step 200, "
+        f"{behind[1000]:.2f} % at step 1,000 and {behind[2000]:.2f} % at step 2,000), with a training loss over the "
+        f"last 200 steps of {_tail(walked):.3f} against {_tail(own):.3f}. The margin is "
+        f"{_percent(walked['final_eval_loss'], own['final_eval_loss']) / spread:.1f} times the seeds' spread in rounds "
+        f"of 8 ({spread:.2f} %).")
+    assert " ".join(prose.split()) in PROSE
