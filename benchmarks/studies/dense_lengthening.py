@@ -27,6 +27,10 @@ size of the node's step, of ``f`` and of the oracle's factor on the same weights
         --out benchmarks/results/dense_lengthening_rounds2.json
     python -m benchmarks.studies.dense_lengthening --rounds 2 --lengthen_path --ways estimated oracle \
         --out benchmarks/results/dense_lengthening_rounds2_path.json
+    python -m benchmarks.studies.dense_lengthening --rounds 8 --at 200 400 --ways estimated mean \
+        --out benchmarks/results/dense_lengthening_rounds8.json
+    python -m benchmarks.studies.dense_lengthening --rounds 8 --at 200 400 --lengthen_path --ways estimated \
+        --out benchmarks/results/dense_lengthening_rounds8_path.json
 
 A study (``benchmarks/studies/README.md``): its figures are in docs/results.md ("Weak scaling").
 """

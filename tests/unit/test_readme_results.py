@@ -2321,3 +2321,26 @@ def test_the_lengthened_path_in_compressed_rounds_is_the_json():
         f"{_percent(walked['final_eval_loss'], own['final_eval_loss']) / spread:.1f} times the seeds' spread in rounds "
         f"of 8 ({spread:.2f} %).")
     assert " ".join(prose.split()) in PROSE
+
+
+def test_the_lengthening_in_rounds_of_8_is_the_json():
+    """"Weak scaling": the dense_lengthening study in rounds of 8, each node on its own path, walking its lengthened
+    steps and unlengthened, against the study's AdamW on the mean gradient."""
+    every, own, walked = (result(name) for name in ("dense_lengthening", "dense_lengthening_rounds8",
+                                                    "dense_lengthening_rounds8_path"))
+    for study in (own, walked):
+        assert (study["nodes"], study["batch"], study["validation"], study["seed"]) == (4, 32, 512, 42)
+        assert not study["git_dirty"] and study["rounds"] == 8
+    assert (own["lengthen_path"], walked["lengthen_path"]) == (False, True)
+    adamw = next(row["eval_loss"] for row in every["rows"] if (row["way"], row["step"]) == ("adamw", 400))
+    loss = [{(row["way"], row["step"]): row["eval_loss"] for row in study["rows"]} for study in (own, walked)]
+    lengthened, plain, walk = loss[0]["estimated", 400], loss[0]["mean", 400], loss[1]["estimated", 400]
+    assert own["git_commit"] == walked["git_commit"]
+    prose = (
+        f"`benchmarks/results/dense_lengthening_rounds8_path.json`, both at commit {own['git_commit'][:7]} from a "
+        f"clean tree, AMD EPYC) ends at step 400 at {lengthened:.3f} lengthened on each node's own path "
+        f"({_percent(lengthened, adamw):+.2f} % against AdamW on the mean gradient), {plain:.3f} unlengthened "
+        f"({_percent(plain, adamw):+.2f} %) and {walk:.3f} walked ({_percent(walk, adamw):+.2f} %). Walked, the "
+        f"lengthening is {_percent(walk, plain):+.2f} % against no lengthening; on the own path it is "
+        f"{_percent(lengthened, plain):+.2f} %.")
+    assert " ".join(prose.split()) in PROSE
