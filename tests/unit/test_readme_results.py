@@ -2347,3 +2347,27 @@ def test_the_lengthening_in_rounds_of_8_is_the_json():
         f"lengthening is {_percent(walk, plain):+.2f} % against no lengthening; on the own path it is "
         f"{_percent(lengthened, plain):+.2f} %.")
     assert " ".join(prose.split()) in PROSE
+
+
+def test_the_walk_in_the_dense_rounds_of_8_is_the_json():
+    """"Weak scaling": the dense mean in rounds of 8, walked, at 4 weak nodes, against the dense mean on each node's
+    own path, the compressed exchange walked and on its own path, and AdamW-HSDP."""
+    runs = result("sweep_nodes_weak")["runs"]
+    key = "flexdemo lr=0.003 nodes=4 outer_lr=1 procs_per_node=2 progress_scale=batch {}scaling=weak"
+    dense_walked, dense, walked, own = (runs[key.format(knobs)] for knobs in (
+        "progress_scale_path=lengthened replicator=full ", "replicator=full ", "progress_scale_path=lengthened ", ""))
+    config = dense_walked["flexdemo_config"]
+    assert (config["replicator"], config["local_steps"], config["progress_scale_path"]) == ("full", 8, "lengthened")
+    assert max(_gaps_along(dense_walked, dense).values()) < 0
+    prose = (
+        f"Grid `nodes_weak` runs `replicator=\"full\"` with `progress_scale_path=\"lengthened\"` at lr 3e-3 and "
+        f"`outer_lr=1` (at commit {_commit_of('sweep_nodes_weak', dense_walked)} from a clean tree, AMD EPYC, "
+        f"{_bits_sent(dense_walked):.2f} bits per parameter and step). It ends at "
+        f"{dense_walked['final_eval_loss']:.3f}, {_gap(dense_walked, _best_adamw(runs, 4))} against AdamW-HSDP at "
+        f"3e-3: {_gap(dense_walked, dense)} against the dense mean on each node's own path and ahead of it at every "
+        f"evaluation, {_gap(dense_walked, walked)} against the walked compressed exchange, and "
+        f"{_gap(dense_walked, own)} against the compressed exchange on each node's own path, with a training loss over "
+        f"the last 200 steps of {_tail(dense_walked):.3f} against {_tail(dense):.3f} (dense, own path) and "
+        f"{_tail(own):.3f} (compressed, own path). On each node's own path the compression is worth {_gap(own, dense)} "
+        f"over the dense mean; walked, it is worth {_gap(walked, dense_walked)}.")
+    assert " ".join(prose.split()) in PROSE
