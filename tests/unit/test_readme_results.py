@@ -2128,10 +2128,8 @@ def test_the_micro_batch_estimate_is_the_json():
     compressed, dense = (runs[key.format(f"gradient_accumulation_steps=2 {rounds}", f"{micro}{wire}")]
                          for rounds, wire in (("", ""), ("local_steps=2 ", "replicator=full ")))
     scaled, full = "progress_scale=batch ", "replicator=full "
-    consecutive, consecutive7, consecutive_dense, plain = (
-        runs[key.format(rounds, scale) + more] for rounds, scale, more in
-        (("", scaled, ""), ("", scaled, " seed=7"), ("local_steps=2 ", scaled + full, ""),
-         ("local_steps=2 ", full, "")))
+    consecutive_dense, plain = (runs[key.format("local_steps=2 ", scale)] for scale in (scaled + full, full))
+    _, consecutive, spread = _against_lengthened_at_4(runs, key.format("gradient_accumulation_steps=2 ", micro))
     base = _best_adamw(runs, 4)
     assert base["lr"] == 3e-3
     for run in (compressed, dense):
@@ -2145,7 +2143,6 @@ def test_the_micro_batch_estimate_is_the_json():
     study = result("length_factor_micro")
     assert study["micro_batches"] and study["nodes"] == 4
     rows = {row["step"]: row for row in study["rows"] if row["batch_size"] == 32}
-    spread = _percent(consecutive7["final_eval_loss"], consecutive["final_eval_loss"])
     margins = [_percent(compressed["final_eval_loss"], consecutive["final_eval_loss"]),
                _percent(dense["final_eval_loss"], plain["final_eval_loss"])]
     prose = (
@@ -2266,18 +2263,25 @@ def test_the_compressed_exchange_waited_for_is_the_json():
     assert min(gap for step, gap in behind.items() if step >= 1200) > 1.9
 
 
+def _lengthening_study(name: str) -> tuple[dict, dict[tuple[str, int], float]]:
+    """A dense_lengthening study's JSON, checked to be the runs the page compares (4 nodes of 32 sequences, 512
+    validation pairs, seed 42, from a clean tree), and its validation loss by way and step."""
+    study = result(name)
+    assert (study["nodes"], study["batch"], study["validation"], study["seed"]) == (4, 32, 512, 42)
+    assert not study["git_dirty"]
+    return study, {(row["way"], row["step"]): row["eval_loss"] for row in study["rows"]}
+
+
 def test_the_lengthening_in_rounds_is_the_json():
     """"Weak scaling": the dense_lengthening study in rounds of 2, each node on its own path and walking its lengthened
     steps, against the study's AdamW on the mean gradient and its every-step lengthening."""
-    every, own, walked = (result(name) for name in ("dense_lengthening", "dense_lengthening_rounds2",
-                                                    "dense_lengthening_rounds2_path"))
-    for study in (every, own, walked):
-        assert (study["nodes"], study["batch"], study["validation"], study["seed"]) == (4, 32, 512, 42)
-        assert not study["git_dirty"]
+    studies = [_lengthening_study(name) for name in ("dense_lengthening", "dense_lengthening_rounds2",
+                                                     "dense_lengthening_rounds2_path")]
+    _, (own, _), (walked, _) = studies
     # the run on each node's own path is from before the flag, which defaults to it
     assert (own["rounds"], bool(own.get("lengthen_path")), walked["rounds"], walked["lengthen_path"]) == (2, False, 2,
                                                                                                          True)
-    loss = [{(row["way"], row["step"]): row["eval_loss"] for row in study["rows"]} for study in (every, own, walked)]
+    loss = [losses for _, losses in studies]
     adamw = loss[0]["adamw", 400]
     ahead = {step: _percent(loss[2]["estimated", step], loss[1]["estimated", step]) for step in (100, 200, 300, 400)}
     assert max(ahead.values()) < 0
@@ -2329,14 +2333,12 @@ def test_the_lengthened_path_in_compressed_rounds_is_the_json():
 def test_the_lengthening_in_rounds_of_8_is_the_json():
     """"Weak scaling": the dense_lengthening study in rounds of 8, each node on its own path, walking its lengthened
     steps and unlengthened, against the study's AdamW on the mean gradient."""
-    every, own, walked = (result(name) for name in ("dense_lengthening", "dense_lengthening_rounds8",
-                                                    "dense_lengthening_rounds8_path"))
-    for study in (own, walked):
-        assert (study["nodes"], study["batch"], study["validation"], study["seed"]) == (4, 32, 512, 42)
-        assert not study["git_dirty"] and study["rounds"] == 8
-    assert (own["lengthen_path"], walked["lengthen_path"]) == (False, True)
-    adamw = next(row["eval_loss"] for row in every["rows"] if (row["way"], row["step"]) == ("adamw", 400))
-    loss = [{(row["way"], row["step"]): row["eval_loss"] for row in study["rows"]} for study in (own, walked)]
+    studies = [_lengthening_study(name) for name in ("dense_lengthening", "dense_lengthening_rounds8",
+                                                     "dense_lengthening_rounds8_path")]
+    (_, every), (own, _), (walked, _) = studies
+    assert (own["rounds"], walked["rounds"], own["lengthen_path"], walked["lengthen_path"]) == (8, 8, False, True)
+    adamw = every["adamw", 400]
+    loss = [losses for _, losses in studies[1:]]
     lengthened, plain, walk = loss[0]["estimated", 400], loss[0]["mean", 400], loss[1]["estimated", 400]
     assert own["git_commit"] == walked["git_commit"]
     prose = (
