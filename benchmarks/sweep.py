@@ -560,6 +560,9 @@ GRIDS: dict[str, dict[str, Any]] = {
     # best lr seed 42 found for it (AdamW-HSDP 5e-4, rounds of 16 1e-3). About 50 min per run on 2 cores.
     "sizes_long": {
         "argv": HORIZON,
+        # its runs that leave local_steps to the package ran rounds of 8, before a long run on this model's size took
+        # rounds of 16 (knobs.LARGE_MODEL_PARAMETERS)
+        "pin": ROUNDS_OF_8,
         "runs": [
             *(_run(method, 1e-3, **D256, **knobs) for method, knobs in (
                 ("adamw", {}), ("flexdemo", {"local_steps": 16}), ("flexdemo", {}))),

@@ -94,7 +94,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--nodes", type=int, default=None, help="with --parameters: estimate for this many nodes "
                         "and exit, without launching (default: the launched topology's)")
     parser.add_argument("--max_steps", type=int, default=None, help="with --parameters: the run's length (the "
-                        "defaults' rounds follow it: a run under 1,000 steps sends twice the bits; default: long)")
+                        "defaults' rounds follow it: a run under 1,000 steps sends twice the bits, one of 2,000 steps "
+                        "or more on 8 M parameters or more half; default: not known, rounds of 8)")
     parser.add_argument("--replicator", default=None, choices=REPLICATORS, help="with --parameters: the exchange the "
                         "run will use (FlexDeMoConfig.replicator; default: the package's)")
     args = parser.parse_args(argv)

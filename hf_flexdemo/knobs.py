@@ -45,8 +45,11 @@ DEFAULT_CHUNK = 32
 SCALED_VALUE_DTYPES = ("float8", "int4", "int2")  # a scale per block: demo's all-gather only, not random's sum
 MAX_AUTO_DELAY = 2  # outer_delay=None's longest: the delay measured at no loss cost (docs/results.md)
 # local_steps=None's choice: rounds of LONG_RUN_LOCAL_STEPS, or of SHORT_RUN_LOCAL_STEPS for a run known to be shorter
-# than SHORT_RUN_STEPS steps (docs/results.md "Bits at 2 nodes over 2,000 steps")
+# than SHORT_RUN_STEPS steps (docs/results.md "Bits at 2 nodes over 2,000 steps"), or of LARGE_MODEL_LOCAL_STEPS for a
+# run of at least LARGE_MODEL_STEPS steps on a model of at least LARGE_MODEL_PARAMETERS parameters, where they keep
+# within 2 % of AdamW-HSDP at half the bits (docs/results.md "A second model size")
 LONG_RUN_LOCAL_STEPS, SHORT_RUN_LOCAL_STEPS, SHORT_RUN_STEPS = 8, 4, 1000
+LARGE_MODEL_LOCAL_STEPS, LARGE_MODEL_STEPS, LARGE_MODEL_PARAMETERS = 16, 2000, 8_000_000
 BOTH: tuple[str, ...] = get_args(Mode)
 LOCAL: tuple[str, ...] = ("local",)
 STEP_WISE: tuple[str, ...] = ("step-wise",)
@@ -151,8 +154,10 @@ KNOBS: tuple[Knob, ...] = (
          "then the pseudo-gradient (anchor - local) enters error feedback, is compressed by the replicator and "
          "exchanged once, and every node restarts from the updated anchor (DiLoCo / SparseLoCo). 1: exchange every "
          "step (FlexDeMo's step-wise mode, preset='step-wise'). None (the default): 8, or 4 for a run the Trainer "
-         "knows to be shorter than 1,000 steps (its max_steps, or the steps its epochs take), resolved when the "
-         "optimizer is built: short runs lose less with shorter rounds, at twice the bits.",
+         "knows to be shorter than 1,000 steps (its max_steps, or the steps its epochs take), or 16 for a run of "
+         "at least 2,000 steps on a model of at least 8 M parameters, resolved when the optimizer is built: short "
+         "runs lose less with shorter rounds, at twice the bits; larger models keep within 2 % of AdamW with "
+         "longer ones, at half the bits.",
          ok=lambda v: v is None or (_integer(v) and v >= 1),
          accepted="None (the package's choice) or an integer >= 1 (1: exchange every step)"),
     Knob("outer_lr", None, float | None, "The anchor moves by outer_lr times the replicas' mean pseudo-gradient. None "
@@ -287,8 +292,9 @@ PRESETS: dict[str, dict[str, Any]] = {
                    "momentum_decay": 0.999},
 }
 PRESET_HELP = ("A named set of knob values applied to the knobs left at their default: default (the package's "
-               "measured defaults: local_steps=None (8, or 4 in a run under 1,000 steps), top-k of the values, int2, "
-               "streamed in 4 fragments), step-wise (local_steps=1: a compressed momentum exchange every step, DCT, "
+               "measured defaults: local_steps=None (8, or 4 in a run under 1,000 steps, or 16 in a run of 2,000 "
+               "steps or more on 8 M parameters or more), top-k of the values, int2, streamed in 4 fragments), "
+               "step-wise (local_steps=1: a compressed momentum exchange every step, DCT, "
                "float8 values), flexdemo-paper (the FlexDeMo authors' rule: momentum=lr, update=sign, "
                "consensus=choosers, 4 of each 8 x 8 block, float32 values), demo-paper (DeMo's defaults: 32 of each "
                "64 x 64 block, sign, float32 values); the paper presets are step-wise. A knob set to anything but its "
@@ -376,21 +382,27 @@ def resolve_outer_delay(outer_delay: int | None, local_steps: int, overlap: str,
     return min(local_steps // fragments, MAX_AUTO_DELAY)
 
 
-def resolve_local_steps(local_steps: int | None, max_steps: int | None = None) -> int:
-    """``local_steps=None``'s choice for a run of ``max_steps`` steps (``None``: not known, as for an optimizer built
-    by hand): :data:`SHORT_RUN_LOCAL_STEPS` under :data:`SHORT_RUN_STEPS` steps, else :data:`LONG_RUN_LOCAL_STEPS`
-    (docs/results.md "Bits at 2 nodes over 2,000 steps"); any other value as given."""
+def resolve_local_steps(local_steps: int | None, max_steps: int | None = None, parameters: int | None = None) -> int:
+    """``local_steps=None``'s choice for a run of ``max_steps`` steps on a model of ``parameters`` parameters (each
+    ``None``: not known, as for an optimizer built by hand): :data:`SHORT_RUN_LOCAL_STEPS` under
+    :data:`SHORT_RUN_STEPS` steps (docs/results.md "Bits at 2 nodes over 2,000 steps"),
+    :data:`LARGE_MODEL_LOCAL_STEPS` from :data:`LARGE_MODEL_STEPS` steps on :data:`LARGE_MODEL_PARAMETERS` parameters
+    or more (docs/results.md "A second model size"), else :data:`LONG_RUN_LOCAL_STEPS`; any other value as given."""
     if local_steps is not None:
         return local_steps
-    short = max_steps is not None and 0 < max_steps < SHORT_RUN_STEPS
-    return SHORT_RUN_LOCAL_STEPS if short else LONG_RUN_LOCAL_STEPS
+    if max_steps is None or max_steps <= 0:
+        return LONG_RUN_LOCAL_STEPS
+    if max_steps < SHORT_RUN_STEPS:
+        return SHORT_RUN_LOCAL_STEPS
+    large = parameters is not None and parameters >= LARGE_MODEL_PARAMETERS and max_steps >= LARGE_MODEL_STEPS
+    return LARGE_MODEL_LOCAL_STEPS if large else LONG_RUN_LOCAL_STEPS
 
 
-def resolve(values: dict[str, Any], max_steps: int | None = None) -> dict[str, Any]:
+def resolve(values: dict[str, Any], max_steps: int | None = None, parameters: int | None = None) -> dict[str, Any]:
     """``values`` with every knob left to the package's choice (``"auto"``, or ``None``) replaced by that choice for
-    a run of ``max_steps`` steps (``None``: not known), so that a state_dict, a model card or a results JSON records
-    what actually ran."""
-    local = resolve_local_steps(values["local_steps"], max_steps)
+    a run of ``max_steps`` steps on a model of ``parameters`` parameters (each ``None``: not known), so that a
+    state_dict, a model card or a results JSON records what actually ran."""
+    local = resolve_local_steps(values["local_steps"], max_steps, parameters)
     overlap = ("delayed" if local > 1 else "none") if values["overlap"] == "auto" else values["overlap"]
     fragments = resolve_outer_fragments(values["outer_fragments"], local, overlap, values["outer_delay"])
     return {**values, "local_steps": local,

@@ -69,7 +69,8 @@ class FlexDeMo(StateDictMixin, DriftChecking, Optimizer):
         preset: a named set of knob values (:data:`hf_flexdemo.knobs.PRESETS`: ``"step-wise"``,
             ``"flexdemo-paper"``, ``"demo-paper"``) for the knobs left at their default.
         local_steps: AdamW steps each node takes between two exchanges (1: the step-wise mode; ``None``: 8, the
-            choice for a run of unknown length; ``FlexDeMoTrainer`` resolves it from the run's, 4 under 1,000 steps).
+            choice for a run of unknown length; ``FlexDeMoTrainer`` resolves it from the run's and the model's, 4
+            under 1,000 steps, 16 from 2,000 steps on 8 M parameters or more: :func:`knobs.resolve_local_steps`).
         overlap: when the exchange runs (``"auto"``: streamed with local steps, in ``step()`` step-wise).
         bucket_cap_mb: the exchange bucket size, as DDP's.
         compression: what travels (:class:`~hf_flexdemo.policies.CompressionPolicy`; ``None``: the defaults).

@@ -114,12 +114,13 @@ def _post_init(self: Any) -> None:
         setattr(self, key, value)
 
 
-def _for_run(self: Any, max_steps: int | None) -> Any:
-    """This config for a run of ``max_steps`` steps (``None``: not known): ``local_steps=None`` and the knobs that
-    follow from it resolved (:func:`hf_flexdemo.knobs.resolve_local_steps`); itself when nothing waits for it."""
+def _for_run(self: Any, max_steps: int | None, parameters: int | None = None) -> Any:
+    """This config for a run of ``max_steps`` steps on a model of ``parameters`` parameters (each ``None``: not
+    known): ``local_steps=None`` and the knobs that follow from it resolved
+    (:func:`hf_flexdemo.knobs.resolve_local_steps`); itself when nothing waits for it."""
     if self.method == "adamw" or self.local_steps is not None:
         return self
-    return dataclasses.replace(self, local_steps=knobs.resolve_local_steps(None, max_steps))
+    return dataclasses.replace(self, local_steps=knobs.resolve_local_steps(None, max_steps, parameters))
 
 
 def _optimizer_kwargs(self: Any) -> dict[str, Any]:

@@ -155,14 +155,24 @@ def _trainer_arguments(init: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
         return dict(kwargs)
 
 
-def for_run_logged(config: FlexDeMoConfig, max_steps: int | None) -> FlexDeMoConfig:
-    """``config.for_run(max_steps)``, logging once per run (rank 0) the rounds ``local_steps=None`` resolved to."""
-    resolved = config.for_run(max_steps)
+def trained_parameters(model: torch.nn.Module | None) -> int | None:
+    """How many parameters ``model`` trains (each shared one once; a sharded one whole); ``None`` without a model."""
+    if model is None:
+        return None
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def for_run_logged(config: FlexDeMoConfig, max_steps: int | None, parameters: int | None) -> FlexDeMoConfig:
+    """``config.for_run(max_steps, parameters)``, logging once per run (rank 0) the rounds ``local_steps=None``
+    resolved to."""
+    resolved = config.for_run(max_steps, parameters)
     if resolved is not config and int(os.environ.get("RANK", "0")) == 0:  # as Trainer's own summary
         length = f"a run of {max_steps} steps" if max_steps else "a run of unknown length"
-        logger.info(f"FlexDeMo: local_steps=None resolved to {resolved.local_steps} for {length} (rounds of "
-                    f"{knobs.SHORT_RUN_LOCAL_STEPS} under {knobs.SHORT_RUN_STEPS} steps, else "
-                    f"{knobs.LONG_RUN_LOCAL_STEPS}).")
+        size = f"{parameters:,} parameters" if parameters is not None else "a model of unknown size"
+        logger.info(f"FlexDeMo: local_steps=None resolved to {resolved.local_steps} for {length} on {size} "
+                    f"(rounds of {knobs.SHORT_RUN_LOCAL_STEPS} under {knobs.SHORT_RUN_STEPS} steps, of "
+                    f"{knobs.LARGE_MODEL_LOCAL_STEPS} from {knobs.LARGE_MODEL_STEPS} steps on "
+                    f"{knobs.LARGE_MODEL_PARAMETERS:,} parameters or more, else {knobs.LONG_RUN_LOCAL_STEPS}).")
     return resolved
 
 
@@ -182,7 +192,7 @@ class FlexDeMoTrainer(ConsensusModel, CheckpointHooks, Trainer):
         if training_args is None:
             raise ValueError("FlexDeMoTrainer needs args=TrainingArguments(...).")
         if training_args.max_steps > 0:  # the run's length known now: local_steps=None resolves before the checks
-            self._resolve_for_run(training_args.max_steps)
+            self._resolve_for_run(training_args.max_steps, kwargs.get("model", args[0] if args else None))
         self._init_distributed(training_args)
         self._check_arguments(training_args, _trainer_arguments(super().__init__, args, kwargs))
         shard_size = 1 if self.flexdemo_config.method == "demo" else self.flexdemo_config.shard_size
@@ -335,16 +345,17 @@ class FlexDeMoTrainer(ConsensusModel, CheckpointHooks, Trainer):
             return mesh["dp_replicate"].get_group()
         return dist.group.WORLD  # no sharding: every rank is a replica
 
-    def _resolve_for_run(self, max_steps: int | None) -> None:
-        """Resolve ``local_steps=None`` for a run of ``max_steps`` steps (``None``: not known), and log the choice."""
-        self.flexdemo_config = for_run_logged(self.flexdemo_config, max_steps)
+    def _resolve_for_run(self, max_steps: int | None, model: torch.nn.Module | None) -> None:
+        """Resolve ``local_steps=None`` for a run of ``max_steps`` steps (``None``: not known) training ``model``,
+        and log the choice."""
+        self.flexdemo_config = for_run_logged(self.flexdemo_config, max_steps, trained_parameters(model))
 
     def create_optimizer_and_scheduler(self, num_training_steps: int) -> None:
-        self._resolve_for_run(num_training_steps)  # with epochs, the run's length is known from here on
+        self._resolve_for_run(num_training_steps, self.model)  # with epochs, the length is known from here on
         super().create_optimizer_and_scheduler(num_training_steps)
 
     def create_optimizer(self, model: torch.nn.Module | None = None) -> torch.optim.Optimizer:
-        self._resolve_for_run(None)  # built outside train(): a length the Trainer does not know
+        self._resolve_for_run(None, None)  # built outside train(): a length the Trainer does not know
         if self.optimizer is None and self.flexdemo_config.method != "adamw":
             self.optimizer_cls_and_kwargs = (FlexDeMo, {
                 "lr": self.args.learning_rate,

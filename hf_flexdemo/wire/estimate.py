@@ -8,7 +8,8 @@ the round's payload over ``local_steps`` steps. An all-gather (``replicator="dem
 node's link in each direction, so both grow with the number of nodes ``R``.
 
 The payload is computed for the knobs' resolved defaults (or the given knobs; ``local_steps=None`` for a run of
-``max_steps`` steps: a short run's rounds of 4 send twice a long run's bits) on square ``side x side`` matrices,
+``max_steps`` steps on the model's parameters: a short run's rounds of 4 send twice a long run's bits, a long run's
+rounds of 16 on a large model half) on square ``side x side`` matrices,
 which is what a transformer's weights are to within their block layout; measured bytes equal the same formulas
 (``flexdemo/bits_per_param_sent`` in a run's logs).
 """
@@ -43,21 +44,22 @@ class LinkEstimate:
                 f"{self.needed_mbits:,.0f} Mbit/s per direction")
 
 
-def resolved(overrides: dict[str, Any] | None = None, max_steps: int | None = None) -> dict[str, Any]:
-    """The knobs in force for a run of ``max_steps`` steps (``None``: not known): the defaults with ``overrides``,
-    validated and resolved (``"auto"``, ``None``)."""
+def resolved(overrides: dict[str, Any] | None = None, max_steps: int | None = None,
+             parameters: float | None = None) -> dict[str, Any]:
+    """The knobs in force for a run of ``max_steps`` steps on ``parameters`` parameters (each ``None``: not known):
+    the defaults with ``overrides``, validated and resolved (``"auto"``, ``None``)."""
     values = {**knobs.DEFAULTS, **(overrides or {})}
     knobs.validate(values)
-    return knobs.resolve(knobs.with_default_rate(values), max_steps)
+    return knobs.resolve(knobs.with_default_rate(values), max_steps, parameters)
 
 
 def payload_bits_per_param(nodes: int, overrides: dict[str, Any] | None = None, *, side: int = 4096,
-                           max_steps: int | None = None) -> tuple[float, float]:
+                           max_steps: int | None = None, parameters: float | None = None) -> tuple[float, float]:
     """A node's bits per parameter per step, and per parameter per exchange of one fragment, sent (and received)
-    over ``nodes`` nodes at the knobs in force for a run of ``max_steps`` steps."""
+    over ``nodes`` nodes at the knobs in force for a run of ``max_steps`` steps on ``parameters`` parameters."""
     if nodes < 2:
         return 0.0, 0.0
-    values = resolved(overrides, max_steps)
+    values = resolved(overrides, max_steps, parameters)
     totals = ShardTotals.of([(side, side)], rate=values["compression_rate"], topk=values["compression_topk"],
                             chunk=values["compression_chunk"], value_dtype=values["value_dtype"])
     exchange = REGISTRY[values["replicator"]].step_bytes(totals, nodes, value_dtype=values["value_dtype"],
@@ -71,9 +73,9 @@ def link_estimate(parameters: float, step_seconds: float, nodes: int, overrides:
                   max_steps: int | None = None) -> LinkEstimate:
     """The link a node needs for ``parameters`` at ``step_seconds`` per step on ``nodes`` nodes (see the module
     docstring); ``overrides``: knobs other than the defaults, by their flat names; ``max_steps``: the run's length
-    (``None``: not known, a long run's rounds)."""
-    per_step, per_fragment = payload_bits_per_param(nodes, overrides, max_steps=max_steps)
-    values = resolved(overrides, max_steps)
+    (``None``: not known, a long run's rounds of 8 whatever the model's size)."""
+    per_step, per_fragment = payload_bits_per_param(nodes, overrides, max_steps=max_steps, parameters=parameters)
+    values = resolved(overrides, max_steps, parameters)
     window = step_seconds * (values["outer_delay"] if values["local_steps"] > 1 else 1)
     return LinkEstimate(parameters, step_seconds, nodes, per_step, per_step * parameters / step_seconds / 1e6,
                         per_fragment * parameters / window / 1e6)

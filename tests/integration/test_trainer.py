@@ -8,13 +8,16 @@ import json
 import pytest
 import torch
 from transformers import TrainingArguments
+from transformers.testing_utils import CaptureLogger
+from transformers.utils import logging as hf_logging
 
-from hf_flexdemo import FlexDeMo, FlexDeMoConfig, FlexDeMoTrainer
+from hf_flexdemo import FlexDeMo, FlexDeMoConfig, FlexDeMoTrainer, knobs
 from hf_flexdemo.testing import reverse_task, tiny_t5
 from hf_flexdemo.trainer import checkpoint
 from hf_flexdemo.trainer.comm_metrics import CommMetricsCallback, dense_bf16_bytes
 from hf_flexdemo.trainer.model_card import flexdemo_section
 from hf_flexdemo.trainer.topology import Topology
+from hf_flexdemo.trainer.trainer import logger, trained_parameters
 from hf_flexdemo.wire.collectives import dense_allreduce_bytes
 
 
@@ -183,7 +186,32 @@ def test_the_rounds_follow_the_runs_length_in_the_config_the_optimizer_and_the_c
         assert trainer.flexdemo_config.local_steps == rounds  # known up front
     trainer.create_optimizer_and_scheduler(trainer.args.max_steps if "max_steps" in length else 8)
     assert trainer.flexdemo_config.local_steps == trainer.flexdemo_optimizer.options["local_steps"] == rounds
-    assert trainer.flexdemo_optimizer.options["outer_delay"] == rounds // 4
+    assert trainer.flexdemo_optimizer.options["outer_delay"] == min(rounds // 4, 2)
+    trainer.create_model_card(model_name="tiny")
+    assert f"  - local_steps: {rounds}\n" in (tmp_path / "README.md").read_text()
+
+
+@pytest.mark.parametrize(("frozen", "rounds"), [(False, 16), (True, 8)])
+def test_a_long_run_on_a_large_model_takes_rounds_of_16(tmp_path, monkeypatch, frozen, rounds):
+    """From 2,000 steps on ``knobs.LARGE_MODEL_PARAMETERS`` trained parameters or more, the Trainer resolves
+    ``local_steps=None`` to 16: it counts what its model trains (the threshold lowered to this tiny model's count;
+    the frozen shared embedding takes it under), and the config, the optimizer and the model card record it."""
+    model = tiny_t5()
+    monkeypatch.setattr(knobs, "LARGE_MODEL_PARAMETERS", trained_parameters(model))
+    model.shared.weight.requires_grad_(not frozen)
+    args = _args(tmp_path, max_steps=2000, per_device_train_batch_size=8, save_strategy="no")
+    saved = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_info()  # the choice is logged at info, as Trainer's own summary
+    try:
+        with CaptureLogger(logger) as captured:
+            trainer = FlexDeMoTrainer(model=model, args=args, train_dataset=reverse_task(64))
+    finally:
+        hf_logging.set_verbosity(saved)
+    assert trainer.flexdemo_config.local_steps == rounds
+    assert f"resolved to {rounds} for a run of 2000 steps on {trained_parameters(model):,} parameters" in captured.out
+    trainer.create_optimizer_and_scheduler(2000)
+    assert trainer.flexdemo_optimizer.options["local_steps"] == rounds
+    assert trainer.flexdemo_optimizer.options["outer_delay"] == 2
     trainer.create_model_card(model_name="tiny")
     assert f"  - local_steps: {rounds}\n" in (tmp_path / "README.md").read_text()
 

@@ -65,6 +65,19 @@ def test_a_short_run_takes_rounds_of_4_and_needs_twice_the_link():
     assert link_estimate(1e9, 1.0, 2, {"local_steps": 8}, max_steps=300) == long  # a value set is kept
 
 
+def test_a_long_run_on_a_large_model_takes_rounds_of_16_and_half_the_bits():
+    """From 2,000 steps on 8 M parameters or more, ``local_steps=None`` resolves to 16: half a round of 8's bits per
+    step, so half the link's mean load. Each of its 4 fragments still lands two steps after it starts
+    (``outer_delay=None``, at most 2), so the link that hides it is a round of 8's: the load comes in bursts."""
+    eight = link_estimate(8e6, 1.0, 2, max_steps=1999)
+    sixteen = link_estimate(8e6, 1.0, 2, max_steps=2000)
+    assert sixteen.bits_per_param == pytest.approx(eight.bits_per_param / 2, rel=1e-3)
+    assert sixteen.mean_mbits == pytest.approx(eight.mean_mbits / 2, rel=1e-3)
+    assert sixteen.needed_mbits == pytest.approx(eight.needed_mbits, rel=1e-3)
+    assert link_estimate(7.9e6, 1.0, 2, max_steps=2000).bits_per_param == eight.bits_per_param
+    assert link_estimate(8e6, 1.0, 2, {"local_steps": 8}, max_steps=2000) == eight  # a value set is kept
+
+
 def test_fewer_bits_with_more_local_steps_and_bad_knobs_are_refused():
     assert payload_bits_per_param(2, {"local_steps": 16})[0] == pytest.approx(payload_bits_per_param(2)[0] / 2,
                                                                               rel=1e-3)
@@ -90,6 +103,9 @@ def test_the_estimates_the_docs_quote_are_the_doctors():
             f"{two.mean_mbits:,.0f} Mbit/s on average and hides the exchange behind compute from "
             f"{two.needed_mbits:,.0f} Mbit/s per direction (at `--nodes 8`, {eight.mean_mbits:,.0f} and "
             f"{eight.needed_mbits:,.0f} Mbit/s") in readme
+    long = link_estimate(1e9, 1.0, 2, max_steps=2000)
+    assert (f"`--max_steps 2000`, a long run's rounds of 16 on this size: {long.bits_per_param:.3g} bits, "
+            f"{long.mean_mbits:,.0f} Mbit/s on average, hidden from the same {long.needed_mbits:,.0f})") in readme
     for nodes, estimate in ((2, two), (8, eight)):
         assert (f"| {nodes} | {estimate.bits_per_param:.3g} | {estimate.mean_mbits:,.0f}, "
                 f"{estimate.needed_mbits:,.0f} |") in multi_node

@@ -425,15 +425,20 @@ def test_invalid_fragments_name_field_value_accepted_and_fix(given, field, accep
             build()
 
 
-@pytest.mark.parametrize(("max_steps", "rounds", "fragments", "delay"), [
-    (None, 8, 4, 2), (0, 8, 4, 2), (1000, 8, 4, 2), (5000, 8, 4, 2), (999, 4, 4, 1), (300, 4, 4, 1), (1, 4, 4, 1)])
-def test_rounds_left_to_the_package_follow_the_runs_length(max_steps, rounds, fragments, delay):
-    """``local_steps=None`` (the default) is 4 for a run known to be shorter than 1,000 steps and 8 otherwise (a
-    length not known: 8, as the optimizer built by hand takes); the knobs that follow from it wait for it, so a short
-    run's fragments land after one step, a long run's after two."""
+@pytest.mark.parametrize(("max_steps", "parameters", "rounds", "fragments", "delay"), [
+    (None, None, 8, 4, 2), (0, None, 8, 4, 2), (1000, None, 8, 4, 2), (5000, None, 8, 4, 2), (999, None, 4, 4, 1),
+    (300, None, 4, 4, 1), (1, None, 4, 4, 1), (2000, 8_000_000, 16, 4, 2), (5000, 10**9, 16, 4, 2),
+    (1999, 10**9, 8, 4, 2), (2000, 7_999_999, 8, 4, 2), (999, 10**9, 4, 4, 1), (None, 10**9, 8, 4, 2),
+    (0, 10**9, 8, 4, 2)])
+def test_rounds_left_to_the_package_follow_the_runs_length_and_the_models_size(max_steps, parameters, rounds,
+                                                                               fragments, delay):
+    """``local_steps=None`` (the default) is 4 for a run known to be shorter than 1,000 steps, 16 for one of 2,000
+    steps or more on 8 M parameters or more, and 8 otherwise (a length not known: 8, as the optimizer built by hand
+    takes, whatever the size); the knobs that follow from it wait for it, so a short run's fragments land after one
+    step, a long run's after two."""
     waiting = FlexDeMoConfig()
     assert (waiting.local_steps, waiting.outer_fragments, waiting.outer_delay) == (None, None, None)
-    config = waiting.for_run(max_steps)
+    config = waiting.for_run(max_steps, parameters)
     assert (config.local_steps, config.outer_fragments, config.outer_delay) == (rounds, fragments, delay)
     assert config.overlap == "delayed" and config.value_dtype == "int2" and config.compression_transform == "none"
     assert config.for_run(300) is config  # resolved once: a later length does not move it
