@@ -33,6 +33,8 @@ size of the node's step, of ``f`` and of the oracle's factor on the same weights
         --out benchmarks/results/dense_lengthening_rounds8_path.json
     python -m benchmarks.studies.dense_lengthening --at 200 400 600 800 1000 1200 1400 1600 1800 2000 \
         --ways adamw estimated mean --out benchmarks/results/dense_lengthening_long.json   # ~60 minutes
+    python -m benchmarks.studies.dense_lengthening --at 200 400 600 800 1000 1200 1400 1600 1800 2000 \
+        --ways oracle --out benchmarks/results/dense_lengthening_long_oracle.json           # ~22 minutes
 
 A study (``benchmarks/studies/README.md``): its figures are in docs/results.md ("Weak scaling").
 """

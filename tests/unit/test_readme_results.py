@@ -2476,3 +2476,28 @@ def test_dilocos_rule_at_4_weak_nodes_is_the_json():
         f"{-_percent(lengthened['final_eval_loss'], diloco['final_eval_loss']):.2f} % under it, with a training loss "
         f"over the last 200 steps of {_tail(lengthened):.3f} against its {_tail(diloco):.3f}.")
     assert " ".join(prose.split()) in PROSE
+
+
+def test_the_oracles_dense_limit_over_2000_steps_is_the_json():
+    """"Weak scaling": the dense_lengthening study over the whole horizon with the oracle's factor, against the same
+    study's AdamW on the mean gradient and its estimated lengthening (one initialisation, data and validation)."""
+    oracle_study, oracle = _lengthening_study("dense_lengthening_long_oracle")
+    _, loss = _lengthening_study("dense_lengthening_long")
+    steps = list(range(200, 2001, 200))
+    assert oracle_study["rounds"] == 1 and sorted(step for way, step in oracle if way == "oracle") == steps
+    to_adamw = {step: _percent(oracle["oracle", step], loss["adamw", step]) for step in steps}
+    behind = {step: _percent(loss["estimated", step], oracle["oracle", step]) for step in steps}
+    assert min(value for step, value in behind.items() if step >= 400) > 0
+    estimated = _percent(loss["estimated", 2000], loss["adamw", 2000])
+    assert round(behind[2000]) == 2 and 0.4 < behind[2000] / estimated < 0.6  # "about two", "about half"
+    prose = (
+        f"**With the oracle's factor the dense limit ends {to_adamw[2000]:+.2f} % from AdamW over 2,000 steps: about "
+        f"half of what the lengthening leaves is its estimate's.** The same study with the oracle's factor (`--ways "
+        f"oracle --out benchmarks/results/dense_lengthening_long_oracle.json`, at commit "
+        f"{oracle_study['git_commit'][:7]} from a clean tree, AMD EPYC; the same initialisation, data and validation "
+        f"pairs) ends at {oracle['oracle', 2000]:.3f}: within "
+        f"{max(abs(to_adamw[step]) for step in steps if step <= 1600):.2f} % of AdamW on the mean gradient to step "
+        f"1,600, then {to_adamw[1800]:+.2f} % at step 1,800, where it differs from AdamW on the mean by each node "
+        f"clipping its own gradient alone. The estimated lengthening is behind the oracle's at every checkpoint from "
+        f"step 400 on, by {behind[2000]:.2f} % at step 2,000. So about two of the {estimated:.2f} points")
+    assert " ".join(prose.split()) in PROSE
