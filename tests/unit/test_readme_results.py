@@ -408,6 +408,11 @@ def test_the_node_scaling_table_is_the_json():
         assert sum(line.startswith(f"| {nodes} × {procs} |") and line.endswith(cells) for line in lines) == 1, key
 
 
+def _assert_in_prose(text: str) -> None:
+    """``text`` is in the page, whatever its line breaks and the test's string joins."""
+    assert " ".join(text.split()) in PROSE
+
+
 def _tail(run: dict) -> float:
     """A run's mean logged training loss over its last 200 steps."""
     last = run["train_loss_curve"][-1]["step"]
@@ -2075,7 +2080,7 @@ def test_the_lengthenings_estimate_with_a_memory_of_its_own_is_the_json():
         f"1,200 and behind from step 1,400 on, with a training loss over the last 200 steps of {_tail(own[7]):.3f} "
         f"against {_tail(shared[7]):.3f}. The two seeds move in opposite directions, each by about the spread of the "
         f"two seeds at β2's ({spread:.2f} %)")
-    assert " ".join(prose.split()) in PROSE
+    _assert_in_prose(prose)
     assert (_percent(own[42]["final_eval_loss"], shared[42]["final_eval_loss"]) < 0
             < _percent(own[7]["final_eval_loss"], shared[7]["final_eval_loss"]))
 
@@ -2122,7 +2127,7 @@ def test_the_lengthening_in_the_dense_limit_is_the_json():
         f"gradient against that noise, so the products of consecutive gradients read the signal low (in the study "
         f"above, {study['lag_share']:.3f} of the second moment over the last 100 steps at step 200 on 32 sequences, "
         f"where the share at the weights is {study['probe_share']:.3f})")
-    assert " ".join(prose.split()) in PROSE
+    _assert_in_prose(prose)
     assert early[800] > max(early[s] for s in (200, 400, 600)) and result("length_factor")["window"] == 100
 
 
@@ -2147,7 +2152,7 @@ def test_the_lengthened_exchange_on_the_top_eighth_is_the_json():
         f"training loss over the last 200 steps of {_tail(eighth):.3f} against {_tail(quarter):.3f}. Against rounds of "
         f"16 on the top quarter ({_bits_sent(sixteen):.3g} bits) it is {_gap(eighth, sixteen)}, ahead of them at every "
         f"evaluation, so it joins the 4-weak front between the two.")
-    assert " ".join(prose.split()) in PROSE
+    _assert_in_prose(prose)
     front = result("frontier")["fronts"]["4 nodes, weak scaling"]
     assert key.format("compression_rate=0.125 ") in front
 
@@ -2203,7 +2208,7 @@ def test_the_micro_batch_estimate_is_the_json():
         f"200: {rows[200]['micro_share']:.3f}, {rows[200]['ema_share']:.3f} and {rows[200]['probe_share']:.3f}), so "
         f"the factor at 4 nodes averages {rows[800]['f_micro_element']:.3f} per element from the micro-batches and "
         f"{rows[800]['f_element']:.3f} from consecutive gradients.")
-    assert " ".join(prose.split()) in PROSE
+    _assert_in_prose(prose)
     assert not study["git_dirty"] and rows[800]["f_micro_element"] < rows[800]["f_element"]
     assert rows[800]["micro_share"] > rows[800]["ema_share"] > rows[800]["probe_share"]
     assert (f"the margins are {margins[0] / spread:.1f} and {margins[1] / spread:.1f} times the spread of the two "
@@ -2248,7 +2253,7 @@ def test_the_lengthening_waited_for_in_the_dense_limit_is_the_json():
         f"{at['estimated']:.3f}, and not lengthened at {at['mean']:.3f} ({_percent(at['mean'], at['adamw']):+.2f} %). "
         f"Weighted by each node's step, the estimated factor averages {loss['estimated', 400]['f_estimated']:.3f} over "
         f"steps 301 to 400, where the oracle's is {loss['estimated', 400]['f_oracle']:.3f}.")
-    assert " ".join(prose.split()) in PROSE
+    _assert_in_prose(prose)
     prose = (
         f"Waited for in `step()` (`overlap=\"none\"`, at commit {_commit_of('sweep_nodes_weak', waited)}, the same "
         f"grid, AMD EPYC, {_bits_sent(waited):.0f} bits per parameter and step), the lengthened rounds of 2 end at "
@@ -2257,7 +2262,7 @@ def test_the_lengthening_waited_for_in_the_dense_limit_is_the_json():
         f"landing late but at steps 400 and 600, and {_gap(waited, step_wise)} against the dense step-wise rule, with "
         f"a training loss over the last 200 steps of {_tail(waited):.3f} against {_tail(late):.3f} and "
         f"{_tail(plain):.3f}.")
-    assert " ".join(prose.split()) in PROSE
+    _assert_in_prose(prose)
     assert f"What is left to AdamW-HSDP ({_gaps_along(waited, base)[400]:+.2f} % at step 400," in PROSE
     assert abs(_percent(at["estimated"], at["adamw"])) < 0.5
 
@@ -2292,7 +2297,7 @@ def test_the_compressed_exchange_waited_for_is_the_json():
         f"{_tail(waited):.3f} against {_tail(streamed):.3f}. The margin is "
         f"{_percent(waited['final_eval_loss'], streamed['final_eval_loss']) / spread:.1f} times the seeds' spread in "
         f"rounds of 8 ({spread:.2f} %).")
-    assert " ".join(prose.split()) in PROSE
+    _assert_in_prose(prose)
     assert f"{_bits_sent(streamed):.3f}" == f"{_bits_sent(waited):.3f}" and min(early) > 0
     assert min(gap for step, gap in behind.items() if step >= 1200) > 1.9
 
@@ -2338,7 +2343,7 @@ def test_the_lengthening_in_rounds_is_the_json():
         f"taken where the nodes' mean moves: the estimated lengthening ends at {loss[2]['estimated', 400]:.3f} and the "
         f"oracle's at {loss[2]['oracle', 400]:.3f} ({_percent(loss[2]['oracle', 400], adamw):+.2f} %), ahead of the "
         f"own path at every checkpoint (by {-ahead[100]:.2f} % at step 100 and {-ahead[400]:.2f} % at step 400).")
-    assert " ".join(prose.split()) in PROSE
+    _assert_in_prose(prose)
 
 
 def test_the_lengthened_path_in_compressed_rounds_is_the_json():
@@ -2361,7 +2366,7 @@ def test_the_lengthened_path_in_compressed_rounds_is_the_json():
         f"last 200 steps of {_tail(walked):.3f} against {_tail(own):.3f}. The margin is "
         f"{_percent(walked['final_eval_loss'], own['final_eval_loss']) / spread:.1f} times the seeds' spread in rounds "
         f"of 8 ({spread:.2f} %).")
-    assert " ".join(prose.split()) in PROSE
+    _assert_in_prose(prose)
 
 
 def test_the_lengthening_in_rounds_of_8_is_the_json():
@@ -2382,7 +2387,7 @@ def test_the_lengthening_in_rounds_of_8_is_the_json():
         f"({_percent(plain, adamw):+.2f} %) and {walk:.3f} walked ({_percent(walk, adamw):+.2f} %). Walked, the "
         f"lengthening is {_percent(walk, plain):+.2f} % against no lengthening; on the own path it is "
         f"{_percent(lengthened, plain):+.2f} %.")
-    assert " ".join(prose.split()) in PROSE
+    _assert_in_prose(prose)
 
 
 def test_the_walk_in_the_dense_rounds_of_8_is_the_json():
@@ -2406,7 +2411,7 @@ def test_the_walk_in_the_dense_rounds_of_8_is_the_json():
         f"the last 200 steps of {_tail(dense_walked):.3f} against {_tail(dense):.3f} (dense, own path) and "
         f"{_tail(own):.3f} (compressed, own path). On each node's own path the compression is worth {_gap(own, dense)} "
         f"over the dense mean; walked, it is worth {_gap(walked, dense_walked)}.")
-    assert " ".join(prose.split()) in PROSE
+    _assert_in_prose(prose)
 
 
 def test_the_dense_limit_over_2000_steps_is_the_json():
@@ -2443,7 +2448,7 @@ def test_the_dense_limit_over_2000_steps_is_the_json():
         f"normalisation before the mean costs in the dense limit, not all of it, and the "
         f"{gap['estimated'][2000]:.1f} points it leaves come late, as the compressed exchange's gap does "
         f"({_gap(compressed, _best_adamw(runs, 4))} at 4 weak nodes)")
-    assert " ".join(prose.split()) in PROSE
+    _assert_in_prose(prose)
 
 
 def test_dilocos_rule_at_4_weak_nodes_is_the_json():
@@ -2467,7 +2472,7 @@ def test_dilocos_rule_at_4_weak_nodes_is_the_json():
         f"bits.** Grid `nodes_weak` runs `replicator=\"full\"` with `overlap=\"none\"` "
         f"and `outer_lr=1` (at commit {_commit_of('sweep_nodes_weak', diloco)} from a clean tree, AMD EPYC, "
         f"{_bits_sent(diloco):.2f} bits per parameter and step)")
-    assert " ".join(prose.split()) in PROSE
+    _assert_in_prose(prose)
     assert f"of hundreds of steps, is {_gap(nesterov, _strong_adamw(8))} at 8 nodes, above)" in PROSE
     prose = (
         f"It ends at {diloco['final_eval_loss']:.3f}, behind AdamW-HSDP at every evaluation (by "
@@ -2475,7 +2480,7 @@ def test_dilocos_rule_at_4_weak_nodes_is_the_json():
         f"{_bits_sent(diloco) / _bits_sent(defaults):.1f} times fewer bits; the lengthened compressed exchange ends "
         f"{-_percent(lengthened['final_eval_loss'], diloco['final_eval_loss']):.2f} % under it, with a training loss "
         f"over the last 200 steps of {_tail(lengthened):.3f} against its {_tail(diloco):.3f}.")
-    assert " ".join(prose.split()) in PROSE
+    _assert_in_prose(prose)
 
 
 def test_the_oracles_dense_limit_over_2000_steps_is_the_json():
@@ -2500,4 +2505,4 @@ def test_the_oracles_dense_limit_over_2000_steps_is_the_json():
         f"1,600, then {to_adamw[1800]:+.2f} % at step 1,800, where it differs from AdamW on the mean by each node "
         f"clipping its own gradient alone. The estimated lengthening is behind the oracle's at every checkpoint from "
         f"step 400 on, by {behind[2000]:.2f} % at step 2,000. So about two of the {estimated:.2f} points")
-    assert " ".join(prose.split()) in PROSE
+    _assert_in_prose(prose)
