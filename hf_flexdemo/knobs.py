@@ -156,7 +156,7 @@ KNOBS: tuple[Knob, ...] = (
          "step (FlexDeMo's step-wise mode, preset='step-wise'). None (the default): 8, or 4 for a run the Trainer "
          "knows to be shorter than 1,000 steps (its max_steps, or the steps its epochs take), or 16 for a run of "
          "at least 2,000 steps on a model of at least 8 M parameters, resolved when the optimizer is built: short "
-         "runs lose less with shorter rounds, at twice the bits; larger models keep within 2 % of AdamW with "
+         "runs lose less with shorter rounds, at twice the bits; larger models stay on par with AdamW with "
          "longer ones, at half the bits.",
          ok=lambda v: v is None or (_integer(v) and v >= 1),
          accepted="None (the package's choice) or an integer >= 1 (1: exchange every step)"),
