@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import asdict, field
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from .. import knobs
 from ..optim.reshard import RESUME_POLICIES, ResumePolicy
+
+if TYPE_CHECKING:
+    import torch
 
 Method = Literal["flexdemo", "demo", "adamw"]
 METHODS: tuple[str, ...] = get_args(Method)
@@ -112,6 +115,14 @@ def _post_init(self: Any) -> None:
     # the Trainer knows it (for_run): the knobs that follow from local_steps wait for it
     for key, value in (preset if preset["local_steps"] is None else knobs.resolve(preset)).items():
         setattr(self, key, value)
+
+
+def trained_parameters(model: torch.nn.Module | None) -> int | None:
+    """How many parameters ``model`` trains (each shared one once; a sharded one whole): the size
+    ``local_steps=None`` follows and the model card's bits are per; ``None`` without a model."""
+    if model is None:
+        return None
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
 def _for_run(self: Any, max_steps: int | None, parameters: int | None = None) -> Any:

@@ -29,7 +29,7 @@ from transformers.training_args import OptimizerNames, TrainingArguments
 
 from .. import knobs
 from ..optim.local_steps import LocalSteps
-from .config import FlexDeMoConfig
+from .config import FlexDeMoConfig, trained_parameters
 from .elastic import TopologyChange
 from .topology import Topology
 
@@ -294,9 +294,8 @@ def write_model_card(
     backend = dist.get_backend() if dist.is_available() and dist.is_initialized() else None
     correct_summary(summary, optimizer=optimizer_entry(config, trainer.args, optimizer),
                     distributed=distributed_entry(topology, trainer.args.device.type, backend))
-    parameters = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)  # DTensors: the full shape
     section = flexdemo_section(config, topology, optimizer, total_bytes_sent=trainer.comm_metrics.total_bytes_sent,
-                               steps=trainer.state.global_step, parameters=parameters,
+                               steps=trainer.state.global_step, parameters=trained_parameters(trainer.model),
                                log_history=trainer.state.log_history, changes=trainer.topology_changes)
     path.write_text(summary.to_model_card() + section, encoding="utf-8")
     if peft:

@@ -46,7 +46,7 @@ from ..policies import from_knobs
 from . import model_card
 from .checkpoint_hooks import CheckpointHooks
 from .comm_metrics import CommMetricsCallback, unwrap_optimizer
-from .config import FlexDeMoConfig
+from .config import FlexDeMoConfig, trained_parameters
 from .consensus import ConsensusModel
 from .cpu_fsdp import enable_fsdp_on_cpu
 from .elastic import ProgressCallback, TopologyChange
@@ -155,16 +155,10 @@ def _trainer_arguments(init: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
         return dict(kwargs)
 
 
-def trained_parameters(model: torch.nn.Module | None) -> int | None:
-    """How many parameters ``model`` trains (each shared one once; a sharded one whole); ``None`` without a model."""
-    if model is None:
-        return None
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
-
-
-def for_run_logged(config: FlexDeMoConfig, max_steps: int | None, parameters: int | None) -> FlexDeMoConfig:
-    """``config.for_run(max_steps, parameters)``, logging once per run (rank 0) the rounds ``local_steps=None``
-    resolved to."""
+def for_run_logged(config: FlexDeMoConfig, max_steps: int | None, model: torch.nn.Module | None) -> FlexDeMoConfig:
+    """``config`` for a run of ``max_steps`` steps training ``model`` (each ``None``: not known), logging once per run
+    (rank 0) the rounds ``local_steps=None`` resolved to."""
+    parameters = trained_parameters(model)
     resolved = config.for_run(max_steps, parameters)
     if resolved is not config and int(os.environ.get("RANK", "0")) == 0:  # as Trainer's own summary
         length = f"a run of {max_steps} steps" if max_steps else "a run of unknown length"
@@ -346,9 +340,8 @@ class FlexDeMoTrainer(ConsensusModel, CheckpointHooks, Trainer):
         return dist.group.WORLD  # no sharding: every rank is a replica
 
     def _resolve_for_run(self, max_steps: int | None, model: torch.nn.Module | None) -> None:
-        """Resolve ``local_steps=None`` for a run of ``max_steps`` steps (``None``: not known) training ``model``,
-        and log the choice."""
-        self.flexdemo_config = for_run_logged(self.flexdemo_config, max_steps, trained_parameters(model))
+        """Resolve ``local_steps=None`` for a run of ``max_steps`` steps training ``model``, and log the choice."""
+        self.flexdemo_config = for_run_logged(self.flexdemo_config, max_steps, model)
 
     def create_optimizer_and_scheduler(self, num_training_steps: int) -> None:
         self._resolve_for_run(num_training_steps, self.model)  # with epochs, the length is known from here on

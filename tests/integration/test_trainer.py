@@ -15,9 +15,10 @@ from hf_flexdemo import FlexDeMo, FlexDeMoConfig, FlexDeMoTrainer, knobs
 from hf_flexdemo.testing import reverse_task, tiny_t5
 from hf_flexdemo.trainer import checkpoint
 from hf_flexdemo.trainer.comm_metrics import CommMetricsCallback, dense_bf16_bytes
+from hf_flexdemo.trainer.config import trained_parameters
 from hf_flexdemo.trainer.model_card import flexdemo_section
 from hf_flexdemo.trainer.topology import Topology
-from hf_flexdemo.trainer.trainer import logger, trained_parameters
+from hf_flexdemo.trainer.trainer import logger
 from hf_flexdemo.wire.collectives import dense_allreduce_bytes
 
 

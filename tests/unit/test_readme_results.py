@@ -1978,7 +1978,7 @@ def test_the_two_model_sizes_table_is_the_json():
     is the larger model's, rounded down to the million, above the quick model's."""
     from transformers import T5ForConditionalGeneration
 
-    from hf_flexdemo import knobs as lib
+    from hf_flexdemo.knobs import LARGE_MODEL_PARAMETERS
     from hf_flexdemo.seq2seq.tiny_t5 import tiny_t5_config
 
     data = result("sweep_sizes")
@@ -1994,9 +1994,9 @@ def test_the_two_model_sizes_table_is_the_json():
                                 num_heads=settings["num_heads"], d_ff=knobs.get("d_ff", settings["d_ff"]))
         parameters = sum(p.numel() for p in T5ForConditionalGeneration(config).parameters())
         if knobs:
-            assert lib.LARGE_MODEL_PARAMETERS == parameters // 10**6 * 10**6
+            assert LARGE_MODEL_PARAMETERS == parameters // 10**6 * 10**6
         else:
-            assert parameters < lib.LARGE_MODEL_PARAMETERS
+            assert parameters < LARGE_MODEL_PARAMETERS
         tail = "".join(f" {k}={v}" for k, v in sorted(knobs.items()))
         front = []
         for key in (f"flexdemo lr=0.003{tail}", f"flexdemo lr=0.003 compression_rate=0.0625{tail}"):
